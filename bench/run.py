@@ -1,0 +1,115 @@
+"""Run the benchmarks and print their tables: `python bench/run.py [SUITE ...] [--quick]`.
+
+Suites: quality (nDCG/Recall/MRR of vector, BM25, hybrid on man pages), speed
+(ingest and search latency at 10k and 100k chunks beside LanceDB's own hybrid).
+Numbers from one run are comparable with each other; across runs this shared
+machine is noisy, so compare ratios, not absolutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from corpus import man_pages  # noqa: E402
+from quality import run_quality  # noqa: E402
+from speed import run_speed  # noqa: E402
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in header]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = [f"\n{title}", ""]
+    lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |")
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells[1:]:
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+async def quality_suite(quick: bool) -> str:
+    items = man_pages(100 if quick else 300)
+    out = []
+    for model in ("local:all-MiniLM-L6-v2", "hash:v1"):
+        report = await run_quality(items, model)
+        rows = [
+            (mode, s.ndcg, s.recall, s.mrr)
+            for mode, s in report.scores.items()
+        ]
+        out.append(
+            table(
+                f"Retrieval quality, {len(items)} man pages ({report.chunks} chunks), "
+                f"embedder {report.embedding_model}",
+                ("signals", "nDCG@10", "Recall@10", "MRR@10"),
+                rows,
+            )
+        )
+        out.append(
+            table(
+                f"Ingest with {report.embedding_model}",
+                ("phase", "seconds", "docs/s", "chunks embedded"),
+                [
+                    ("add (end to end)", report.ingest_seconds,
+                     report.documents / report.ingest_seconds, report.chunks),
+                    ("re-add unchanged", report.readd_seconds,
+                     report.documents / report.readd_seconds, report.readd_embedded),
+                ],
+            )  # fmt: skip
+        )
+    return "\n".join(out)
+
+
+async def speed_suite(quick: bool) -> str:
+    items = man_pages(100)
+    rows = []
+    for size in (10_000,) if quick else (10_000, 100_000):
+        r = await run_speed(items, size)
+        rows.append(
+            (f"{r.chunks:,}", r.ingest_chunks_per_s, r.optimize_s,
+             r.ours_p50_ms, r.ours_p95_ms, r.lance_p50_ms, r.lance_p95_ms,
+             f"{r.ours_p50_ms / r.lance_p50_ms:.2f}x")
+        )  # fmt: skip
+    return table(
+        "LanceDB store speed (precomputed 384-d vectors; search top 10, 50 queries)",
+        ("chunks", "ingest chunks/s", "optimize s", "ours p50 ms", "ours p95 ms",
+         "lancedb hybrid p50 ms", "lancedb hybrid p95 ms", "ours/lancedb p50"),
+        rows,
+    )  # fmt: skip
+
+
+SUITES: dict[str, Callable[[bool], object]] = {
+    "quality": quality_suite,
+    "speed": speed_suite,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("suites", nargs="*", help=f"any of {', '.join(SUITES)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="smaller sets, for a smoke run")
+    args = parser.parse_args()
+    unknown = set(args.suites) - set(SUITES)
+    if unknown:
+        parser.error(f"unknown suite(s) {', '.join(sorted(unknown))}; known: {', '.join(SUITES)}")
+    for name in args.suites or list(SUITES):
+        started = time.perf_counter()
+        print(asyncio.run(SUITES[name](args.quick)))  # type: ignore[arg-type]
+        print(f"\n({name}: {time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,452 @@
+"""`HaikuRAG`: the one object users hold; it opens a store and runs ingest and search on it.
+
+The client owns no storage logic of its own: it resolves the path and driver,
+checks that the store matches the embedder, and wires sources -> ingest ->
+store -> retrieval together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from haiku.rag.chunking import default_overlap
+from haiku.rag.config import DEFAULT_CHUNK_SIZE, AppConfig, load_config
+from haiku.rag.documents import Citation, Document, SearchResult, document_id_for
+from haiku.rag.embeddings import EmbeddingService
+from haiku.rag.errors import (
+    ConfigError,
+    HaikuRAGError,
+    ReadOnlyError,
+    StoreError,
+    StoreNotFoundError,
+)
+from haiku.rag.ingest import AddReport, ids_for_uris, plan_changes, write_documents
+from haiku.rag.progress import NoProgress, Progress
+from haiku.rag.retrieval.hybrid import HybridRetriever
+from haiku.rag.sources import load_sources
+from haiku.rag.store import driver_class, infer_driver
+from haiku.rag.store.base import Store, StoreSettings
+
+DB_ENV = "HAIKU_RAG_DB"
+OPTIMIZE_AFTER_CHUNKS = 1000
+"""Adds that embed at least this many chunks end with the driver's maintenance pass."""
+
+
+def is_url(location: str | Path | None) -> bool:
+    return isinstance(location, str) and "://" in location
+
+
+def resolve_db_path(db_path: str | Path | None, config: AppConfig) -> Path:
+    """The argument, else `HAIKU_RAG_DB`, else the default store in the data dir."""
+    if db_path is not None:
+        return Path(db_path).expanduser()
+    env = os.environ.get(DB_ENV)
+    if env:
+        return Path(env).expanduser()
+    return config.storage.default_db_path
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    size: int
+    overlap: int
+    reason: str
+    """Why this size: set by the user, the default, or capped to the embedder's window."""
+
+
+def plan_chunking(config: AppConfig, max_input_chars: int | None) -> ChunkPlan:
+    """Size chunks to the embedder unless the user chose a size, so no text is silently cut."""
+    chunking = config.chunking
+    if chunking.size is not None:
+        size, reason = chunking.size, "set in config"
+    elif max_input_chars is not None and max_input_chars < DEFAULT_CHUNK_SIZE:
+        size = max_input_chars
+        reason = f"capped to the embedder's window of ~{max_input_chars} characters"
+    else:
+        size, reason = DEFAULT_CHUNK_SIZE, "default"
+    overlap = chunking.overlap if chunking.overlap is not None else default_overlap(size)
+    return ChunkPlan(size=size, overlap=min(overlap, size - 1), reason=reason)
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    path: str
+    driver: str
+    documents: int | None
+    """None when the driver cannot count cheaply (a large attached collection)."""
+    chunks: int | None
+    embedding_model: str
+    embedding_dim: int
+    chunk_size: int
+    chunk_overlap: int
+    signals: list[str]
+    read_only: bool
+    config_file: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class HaikuRAG:
+    """A knowledge base: `async with HaikuRAG("kb.lancedb", create=True) as kb: ...`."""
+
+    def __init__(
+        self,
+        db_path: str | Path | None = None,
+        config: AppConfig | None = None,
+        *,
+        create: bool = False,
+        read_only: bool = False,
+        driver: str | None = None,
+    ) -> None:
+        self.config = config if config is not None else load_config()
+        self.path = resolve_db_path(db_path, self.config)
+        # URLs (qdrant://host/collection) must not go through Path, which eats a slash.
+        self.location = str(db_path) if is_url(db_path) else str(self.path)
+        self.driver = infer_driver(self.path, driver or self.config.storage.driver)
+        self.create = create
+        self.read_only = read_only
+        self._store: Store | None = None
+        self._embedder: EmbeddingService | None = None
+        self._retriever: HybridRetriever | None = None
+        self._lock = asyncio.Lock()
+
+    # lifecycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def open(self) -> Self:
+        if self._store is not None:
+            return self
+        cls = driver_class(self.driver)
+        try:
+            store = await asyncio.to_thread(
+                cls.open, self.location, read_only=self.read_only, **self._open_options()
+            )
+        except StoreNotFoundError:
+            if not self.create or self.read_only:
+                raise
+            store = await self._create_store(cls)
+        self._store = store
+        try:
+            self._embedder = self._embedder_for(store.settings)
+        except HaikuRAGError:
+            store.close()
+            self._store = None
+            raise
+        self._retriever = HybridRetriever(store, self._embedder, self.config.search)
+        return self
+
+    def _open_options(self) -> dict[str, Any]:
+        """Driver-specific open arguments. Only an attached Qdrant collection needs one:
+        nothing on the server records the embedding model, so the config names it."""
+        embeddings = self.config.embeddings
+        if self.driver == "qdrant" and "model" in embeddings.model_fields_set:
+            return {"embedding_model": embeddings.model}
+        return {}
+
+    async def _create_store(self, cls: type[Store]) -> Store:
+        embedder = EmbeddingService.from_config(self.config.embeddings)
+        dimension = await embedder.dimension()
+        chunking = plan_chunking(self.config, embedder.max_input_chars)
+        settings = StoreSettings(
+            driver=self.driver,
+            embedding_model=embedder.model_name,
+            embedding_dim=dimension,
+            chunk_size=chunking.size,
+            chunk_overlap=chunking.overlap,
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._embedder = embedder
+        return await asyncio.to_thread(cls.create, self.location, settings)
+
+    def _embedder_for(self, settings: StoreSettings) -> EmbeddingService:
+        """The store's model wins unless the user explicitly configured another one."""
+        embeddings = self.config.embeddings
+        if "model" in embeddings.model_fields_set and embeddings.model != settings.embedding_model:
+            raise StoreError(
+                f"{self.path} was built with embedding model {settings.embedding_model!r} "
+                f"but the config asks for {embeddings.model!r}: set embeddings.model to "
+                f"{settings.embedding_model!r}, or add your documents to a new store"
+            )
+        if embeddings.dimension is not None and embeddings.dimension != settings.embedding_dim:
+            raise StoreError(
+                f"{self.path} holds {settings.embedding_dim}-dimensional vectors but the config "
+                f"sets embeddings.dimension to {embeddings.dimension}: remove the setting, or "
+                f"add your documents to a new store"
+            )
+        if self._embedder is not None and self._embedder.model_name == settings.embedding_model:
+            return self._embedder
+        pinned = embeddings.model_copy(
+            update={"model": settings.embedding_model, "dimension": settings.embedding_dim}
+        )
+        return EmbeddingService.from_config(pinned)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+            self._retriever = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise HaikuRAGError(
+                "The knowledge base is not open: use `async with HaikuRAG(...)` or await open()"
+            )
+        return self._store
+
+    def _check_writable(self) -> Store:
+        """Refuse a write before any work (loading, embedding) is spent on it."""
+        store = self.store
+        if not store.features.writable:
+            raise ReadOnlyError(
+                f"Cannot write to {self.location}: the {store.settings.driver} driver is "
+                "read-only; change the documents where the collection is built"
+            )
+        if self.read_only or store.read_only:
+            raise ReadOnlyError(
+                f"Cannot write to {self.location}: it was opened read-only; open it "
+                "without read_only to change it"
+            )
+        return store
+
+    @property
+    def embedder(self) -> EmbeddingService:
+        self.store  # noqa: B018 - raises the clear "not open" error
+        assert self._embedder is not None
+        return self._embedder
+
+    @property
+    def retriever(self) -> HybridRetriever:
+        self.store  # noqa: B018
+        assert self._retriever is not None
+        return self._retriever
+
+    # ingest --------------------------------------------------------------------
+
+    async def add(
+        self, *sources: str, prune: bool = True, progress: Progress | None = None
+    ) -> AddReport:
+        """Bring the store up to date with `sources`: embed only what is new or changed.
+
+        With `prune`, documents that a directory or glob source used to hold but no
+        longer does are deleted.
+        """
+        store = self._check_writable()
+        batch = await load_sources(sources)
+        async with self._lock:
+            stored = await asyncio.to_thread(store.document_hashes)
+            changes = plan_changes(
+                batch.documents,
+                stored,
+                batch.scopes if prune else (),
+                failed=[failure.uri for failure in batch.failures],
+            )
+            settings = store.settings
+            changed = [await self._keep_created_at(doc) for doc in changes.changed]
+            embedded = await write_documents(
+                store,
+                self.embedder,
+                changes.new + changed,
+                chunk_size=settings.chunk_size,
+                chunk_overlap=settings.chunk_overlap,
+                progress=progress,
+            )
+            if changes.removed:
+                await asyncio.to_thread(store.delete_documents, ids_for_uris(changes.removed))
+            if embedded >= OPTIMIZE_AFTER_CHUNKS:
+                await self._optimize()
+        return AddReport(
+            added=[doc.uri for doc in changes.new],
+            updated=[doc.uri for doc in changes.changed],
+            unchanged=[doc.uri for doc in changes.unchanged],
+            deleted=changes.removed,
+            failed=batch.failures,
+            chunks_embedded=embedded,
+        )
+
+    async def _keep_created_at(self, document: Document) -> Document:
+        """A changed document is the same document: it keeps the date it was first added."""
+        stored = await asyncio.to_thread(self.store.get_document, document.id)
+        if stored is None:
+            return document
+        return document.model_copy(update={"created_at": stored.created_at})
+
+    async def _optimize(self) -> None:
+        """Let drivers that have maintenance (compaction, ANN index) run it after big writes."""
+        optimize = getattr(self.store, "optimize", None)
+        if optimize is not None:
+            await asyncio.to_thread(optimize)
+
+    async def add_text(
+        self,
+        text: str,
+        *,
+        uri: str | None = None,
+        title: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Document:
+        """Store `text` as a document (replacing an earlier one with the same uri)."""
+        from haiku.rag.documents import sha256_hex
+
+        document = Document.from_text(
+            text,
+            uri=uri or f"text:{sha256_hex(text)[:16]}",
+            title=title,
+            metadata=metadata,
+        )
+        store = self._check_writable()
+        async with self._lock:
+            if (await asyncio.to_thread(store.document_hashes)).get(document.uri) != (
+                document.content_hash
+            ):
+                settings = store.settings
+                await write_documents(
+                    store,
+                    self.embedder,
+                    [document],
+                    chunk_size=settings.chunk_size,
+                    chunk_overlap=settings.chunk_overlap,
+                )
+        return document
+
+    async def rebuild(self, progress: Progress | None = None) -> int:
+        """Re-chunk and re-embed every document; returns the number of chunks embedded."""
+        store = self._check_writable()
+        async with self._lock:
+            documents = await asyncio.to_thread(store.list_documents)
+            settings = store.settings
+            embedded = await write_documents(
+                store,
+                self.embedder,
+                documents,
+                chunk_size=settings.chunk_size,
+                chunk_overlap=settings.chunk_overlap,
+                progress=progress or NoProgress(),
+            )
+            await self._optimize()
+            return embedded
+
+    async def delete_document(self, id_or_uri: str) -> bool:
+        self._check_writable()
+        document = await self.get_document(id_or_uri)
+        if document is None:
+            return False
+        async with self._lock:
+            await asyncio.to_thread(self.store.delete_documents, [document.id])
+        return True
+
+    # read ----------------------------------------------------------------------
+
+    async def get_document(self, id_or_uri: str) -> Document | None:
+        """Look a document up by id, by uri, or by a file path that resolves to its uri."""
+        store = self.store
+        candidates = [id_or_uri, document_id_for(id_or_uri)]
+        path = Path(id_or_uri).expanduser()
+        if path.exists():
+            candidates.append(document_id_for(path.resolve().as_uri()))
+        for candidate in candidates:
+            document = await asyncio.to_thread(store.get_document, candidate)
+            if document is not None:
+                return document
+        return None
+
+    async def list_documents(self, limit: int | None = None, offset: int = 0) -> list[Document]:
+        return await asyncio.to_thread(self.store.list_documents, limit, offset)
+
+    async def search(
+        self, query: str, top_k: int | None = None, filter: str | None = None
+    ) -> list[SearchResult]:
+        """Hybrid search; `filter` keeps documents whose uri matches a glob or contains it."""
+        document_ids = await self.filter_document_ids(filter) if filter else None
+        if document_ids is not None and not document_ids:
+            return []
+        return await self.retriever.search(query, top_k=top_k, document_ids=document_ids)
+
+    async def filter_document_ids(self, filter: str) -> set[str]:
+        uris = await asyncio.to_thread(self.store.document_hashes)
+        return {document_id_for(uri) for uri in uris if uri_matches(uri, filter)}
+
+    async def info(self) -> StoreInfo:
+        store = self.store
+        settings = store.settings
+        documents, chunks = await asyncio.gather(
+            _count_or_unknown(store.count_documents), _count_or_unknown(store.count_chunks)
+        )
+        signals = ["vector"] + (["bm25"] if store.features.keyword_search else [])
+        chunking = plan_chunking(self.config, self.embedder.max_input_chars)
+        extra: dict[str, Any] = {}
+        if chunking.size == settings.chunk_size:
+            extra["chunk_size_reason"] = chunking.reason
+        return StoreInfo(
+            path=self.location,
+            driver=settings.driver,
+            documents=documents,
+            chunks=chunks,
+            embedding_model=settings.embedding_model,
+            embedding_dim=settings.embedding_dim,
+            chunk_size=settings.chunk_size,
+            chunk_overlap=settings.chunk_overlap,
+            signals=signals,
+            read_only=self.read_only or store.read_only or not store.features.writable,
+            config_file=str(self.config.source_path) if self.config.source_path else None,
+            extra=extra,
+        )
+
+    # answer --------------------------------------------------------------------
+
+    async def ask(
+        self, question: str, filter: str | None = None, *, model: Any = None
+    ) -> tuple[str, list[Citation]]:
+        """Answer `question` with an agent using the RAG capability over this store.
+
+        `model` overrides `qa.model` (a Pydantic AI model or `provider:name`); `filter`
+        narrows the documents as in `search`. Returns the answer and its citations.
+        """
+        from pydantic_ai import Agent
+
+        from haiku.rag.capabilities.rag import create_capability
+        from haiku.rag.capabilities.state import RAGDeps, RAGState
+
+        chosen = model if model is not None else self.config.qa.model
+        if chosen is None:
+            raise ConfigError(
+                "No chat model for `ask`: set qa.model in the config (e.g. 'openai:gpt-5') "
+                "or pass model=..."
+            )
+        self.store  # noqa: B018 - the clear "not open" error before any model call
+        state = RAGState(document_filter=filter)
+        agent = Agent(chosen, capabilities=[create_capability(rag=self)], deps_type=RAGDeps)
+        result = await agent.run(question, deps=RAGDeps(state={"rag": state}))
+        return result.output, state.cited()
+
+
+async def _count_or_unknown(count: Callable[[], int]) -> int | None:
+    try:
+        return await asyncio.to_thread(count)
+    except StoreError:
+        return None
+
+
+def uri_matches(uri: str, pattern: str) -> bool:
+    """Case-insensitive glob match, or substring match when `pattern` has no wildcard."""
+    uri_l, pattern_l = uri.lower(), pattern.lower()
+    if any(char in pattern for char in "*?["):
+        return fnmatch.fnmatchcase(uri_l, pattern_l)
+    return pattern_l in uri_l

@@ -1,0 +1,118 @@
+"""The storage protocol every driver implements; the retriever and client see only this.
+
+A driver owns documents, chunks with their vectors, the settings the store was
+built with, vector kNN, keyword (BM25) search where it can, and its own locking.
+It declares what it can do in `features` so callers can fail clearly.
+
+Invariants every driver keeps:
+
+- Vectors are float32, L2-normalised by the caller; similarity is cosine, and
+  `vector_search` returns higher-is-better scores.
+- `write` is atomic per call: after an exception the previous content is intact.
+- Ranked searches return `(chunk_id, score)` best first, restricted to
+  `document_ids` when given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel
+
+from haiku.rag.documents import Chunk, Document
+
+Ranked = list[tuple[str, float]]
+"""`(chunk_id, score)` pairs, best first."""
+
+
+@dataclass(frozen=True)
+class StoreFeatures:
+    """What the driver can do at all; how a store was opened is `Store.read_only`."""
+
+    writable: bool = True
+    keyword_search: bool = True
+    graph: bool = True
+
+
+class StoreSettings(BaseModel):
+    """What a store was built with; fixed at creation, checked on every open."""
+
+    driver: str
+    embedding_model: str
+    embedding_dim: int
+    chunk_size: int
+    chunk_overlap: int
+    format_version: int = 1
+
+
+@runtime_checkable
+class Store(Protocol):
+    driver: ClassVar[str]
+    path: str
+    read_only: bool
+    features: StoreFeatures
+
+    @classmethod
+    def create(cls, path: str, settings: StoreSettings) -> Store:
+        """Make a new, empty store at `path`; a store already there is an error."""
+        ...
+
+    @classmethod
+    def open(cls, path: str, *, read_only: bool = False) -> Store:
+        """Open an existing store; raises StoreNotFoundError when there is none."""
+        ...
+
+    @property
+    def settings(self) -> StoreSettings: ...
+
+    # documents
+    def list_documents(self, limit: int | None = None, offset: int = 0) -> list[Document]: ...
+    def get_document(self, document_id: str) -> Document | None: ...
+    def document_hashes(self) -> dict[str, str]:
+        """uri -> content sha256 of every stored document (drives incremental add)."""
+        ...
+
+    def count_documents(self) -> int: ...
+    def count_chunks(self) -> int: ...
+
+    # chunks
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[Chunk]:
+        """The chunks that exist among `chunk_ids`, in the order asked for."""
+        ...
+
+    def document_chunks(self, document_id: str) -> list[Chunk]:
+        """All chunks of a document, in order."""
+        ...
+
+    # writes
+    def write(
+        self,
+        documents: Sequence[Document],
+        chunks: Sequence[Chunk],
+        vectors: np.ndarray,
+    ) -> None:
+        """Insert or replace `documents` with exactly these chunks (row i of `vectors` is
+        chunk i). Atomic: on error the previous versions stay readable."""
+        ...
+
+    def delete_documents(self, document_ids: Collection[str]) -> int:
+        """Delete documents and their chunks; returns how many documents were removed."""
+        ...
+
+    # search
+    def vector_search(
+        self, vector: np.ndarray, limit: int, document_ids: Collection[str] | None = None
+    ) -> Ranked: ...
+
+    def keyword_search(
+        self, query: str, limit: int, document_ids: Collection[str] | None = None
+    ) -> Ranked: ...
+
+    # graph persistence (opaque JSON-able payload owned by retrieval.graph)
+    def load_graph(self) -> dict[str, Any] | None: ...
+    def save_graph(self, data: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
