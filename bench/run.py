@@ -1,7 +1,10 @@
 """Run the benchmarks and print their tables: `python bench/run.py [SUITE ...] [--quick]`.
 
 Suites: quality (nDCG/Recall/MRR of vector, BM25, hybrid on man pages), speed
-(ingest and search latency at 10k and 100k chunks beside LanceDB's own hybrid).
+(ingest and search latency at 10k and 100k chunks beside LanceDB's own hybrid),
+embedders (texts/s of each local embedder), drivers (open/search/ingest per
+storage driver), sandbox (execute_code round trips), capability (per-request
+overhead of the RAG capability), graph (multi-hop retrieval with the graph signal).
 Numbers from one run are comparable with each other; across runs this shared
 machine is noisy, so compare ratios, not absolutes.
 """
@@ -19,19 +22,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from corpus import man_pages  # noqa: E402
-from quality import run_quality  # noqa: E402
-from speed import run_speed  # noqa: E402
+from corpus import man_pages
+from quality import run_quality
+from speed import run_speed
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(c) for c in header]] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = [f"\n{title}", ""]
-    lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |")
+    lines.append(
+        "| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"
+    )
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells[1:]:
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
     return "\n".join(lines)
 
 
@@ -46,10 +51,7 @@ async def quality_suite(quick: bool) -> str:
     out = []
     for model in ("local:all-MiniLM-L6-v2", "hash:v1"):
         report = await run_quality(items, model)
-        rows = [
-            (mode, s.ndcg, s.recall, s.mrr)
-            for mode, s in report.scores.items()
-        ]
+        rows = [(mode, s.ndcg, s.recall, s.mrr) for mode, s in report.scores.items()]
         out.append(
             table(
                 f"Retrieval quality, {len(items)} man pages ({report.chunks} chunks), "
@@ -58,17 +60,18 @@ async def quality_suite(quick: bool) -> str:
                 rows,
             )
         )
+        ingest_rows = [
+            ("add (end to end)", report.ingest_seconds,
+             report.documents / report.ingest_seconds, report.chunks),
+            ("re-add unchanged", report.readd_seconds,
+             report.documents / report.readd_seconds, report.readd_embedded),
+        ]  # fmt: skip
         out.append(
             table(
                 f"Ingest with {report.embedding_model}",
                 ("phase", "seconds", "docs/s", "chunks embedded"),
-                [
-                    ("add (end to end)", report.ingest_seconds,
-                     report.documents / report.ingest_seconds, report.chunks),
-                    ("re-add unchanged", report.readd_seconds,
-                     report.documents / report.readd_seconds, report.readd_embedded),
-                ],
-            )  # fmt: skip
+                ingest_rows,
+            )
         )
     return "\n".join(out)
 
@@ -78,22 +81,41 @@ async def speed_suite(quick: bool) -> str:
     rows = []
     for size in (10_000,) if quick else (10_000, 100_000):
         r = await run_speed(items, size)
-        rows.append(
-            (f"{r.chunks:,}", r.ingest_chunks_per_s, r.optimize_s,
-             r.ours_p50_ms, r.ours_p95_ms, r.lance_p50_ms, r.lance_p95_ms,
-             f"{r.ours_p50_ms / r.lance_p50_ms:.2f}x")
-        )  # fmt: skip
+        row = (f"{r.chunks:,}", r.ingest_chunks_per_s, r.optimize_s,
+               r.ours_p50_ms, r.ours_p95_ms, r.lance_p50_ms, r.lance_p95_ms,
+               f"{r.ours_p50_ms / r.lance_p50_ms:.2f}x")  # fmt: skip
+        rows.append(row)
+    header = ("chunks", "ingest chunks/s", "optimize s", "ours p50 ms", "ours p95 ms",
+              "lancedb hybrid p50 ms", "lancedb hybrid p95 ms", "ours/lancedb p50")  # fmt: skip
     return table(
-        "LanceDB store speed (precomputed 384-d vectors; search top 10, 50 queries)",
-        ("chunks", "ingest chunks/s", "optimize s", "ours p50 ms", "ours p95 ms",
-         "lancedb hybrid p50 ms", "lancedb hybrid p95 ms", "ours/lancedb p50"),
-        rows,
-    )  # fmt: skip
+        "LanceDB store speed (precomputed 384-d vectors; search top 10, 50 queries)", header, rows
+    )
+
+
+def script_suite(script: str, *quick_args: str) -> Callable[[bool], object]:
+    """A benchmark that lives in its own script: run it and relay its table."""
+
+    async def run(quick: bool) -> str:
+        args = [sys.executable, str(Path(__file__).parent / script)]
+        if quick:
+            args.extend(quick_args)
+        process = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+        stdout, _ = await process.communicate()
+        if process.returncode:
+            raise SystemExit(f"{script} failed with exit code {process.returncode}")
+        return stdout.decode()
+
+    return run
 
 
 SUITES: dict[str, Callable[[bool], object]] = {
     "quality": quality_suite,
     "speed": speed_suite,
+    "embedders": script_suite("embedders.py"),
+    "drivers": script_suite("drivers.py"),
+    "sandbox": script_suite("sandbox.py"),
+    "capability": script_suite("capability.py"),
+    "graph": script_suite("graph.py", "--quick"),
 }
 
 

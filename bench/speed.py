@@ -107,7 +107,9 @@ async def run_speed(
         optimize_s = time.perf_counter() - started
 
         texts = [item.query for item in items[:queries]]
-        query_vectors = {text: vector for text, vector in zip(texts, _unit(rng, len(texts)))}
+        query_vectors = {
+            text: vector for text, vector in zip(texts, _unit(rng, len(texts)), strict=True)
+        }
         retriever = HybridRetriever(store, FixedQueries(query_vectors), SearchConfig())
         table = store._table("chunks")
 

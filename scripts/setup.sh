@@ -10,6 +10,6 @@ fi
 if [ ! -f .venv/.haiku-installed ] || [ pyproject.toml -nt .venv/.haiku-installed ]; then
     python -m pip install --quiet --upgrade pip
     python -m pip install --quiet torch==2.13.0
-    python -m pip install --quiet -e '.[local,dev]'
+    python -m pip install --quiet -e '.[local,dev,mcp]'
     touch .venv/.haiku-installed
 fi

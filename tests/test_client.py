@@ -30,7 +30,7 @@ def db(tmp_path: Path) -> Path:
 
 
 async def test_missing_store_without_create_is_a_clear_error(db: Path, config: AppConfig):
-    with pytest.raises(StoreNotFoundError, match="kb.lancedb"):
+    with pytest.raises(StoreNotFoundError, match=r"kb\.lancedb"):
         async with HaikuRAG(db, config):
             pass
 
@@ -154,7 +154,7 @@ async def test_other_embedding_model_is_a_clear_error(db: Path, config: AppConfi
         async with HaikuRAG(db, other):
             pass
     wrong_dim = config_from_dict({"embeddings": {"model": "hash:v1", "dimension": 128}})
-    with pytest.raises(StoreError, match="256-dimensional.*128"):
+    with pytest.raises(StoreError, match=r"256-dimensional.*128"):
         async with HaikuRAG(db, wrong_dim):
             pass
 

@@ -49,7 +49,7 @@ def test_load_order_env_then_local_then_user(tmp_path: Path, monkeypatch) -> Non
 
 def test_env_pointing_nowhere_is_an_error(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HAIKU_RAG_CONFIG", str(tmp_path / "missing.yaml"))
-    with pytest.raises(ConfigError, match="HAIKU_RAG_CONFIG points to .*missing.yaml"):
+    with pytest.raises(ConfigError, match=r"HAIKU_RAG_CONFIG points to .*missing\.yaml"):
         load_config()
 
 

@@ -411,7 +411,8 @@ def test_a_failing_index_fold_keeps_the_write(
 def test_read_only_refuses_writes(path: Path, store: LanceDBStore, corpus) -> None:
     (a, _), _, _ = corpus
     with LanceDBStore.open(path, read_only=True) as reader:
-        assert reader.read_only and reader.features.writable  # the driver can write; this handle may not
+        # The driver can write; this handle may not.
+        assert reader.read_only and reader.features.writable
         assert "read-only" in repr(reader)
         assert reader.count_documents() == 3
         assert reader.keyword_search("pears", 5)

@@ -7,9 +7,11 @@ from haiku.rag.client import HaikuRAG, StoreInfo
 from haiku.rag.config import AppConfig, load_config
 from haiku.rag.documents import Chunk, Citation, Document, SearchResult
 from haiku.rag.embeddings import EmbeddingService
+from haiku.rag.ephemeral import ask_ephemeral
 from haiku.rag.errors import (
     ConfigError,
     EmbeddingError,
+    ExtractionError,
     HaikuRAGError,
     ReadOnlyError,
     SourceError,
@@ -17,16 +19,19 @@ from haiku.rag.errors import (
     StoreNotFoundError,
 )
 from haiku.rag.ingest import AddReport
+from haiku.rag.retrieval.extract import ChunkExtractor
 
 __all__ = [
     "AddReport",
     "AppConfig",
     "Chunk",
+    "ChunkExtractor",
     "Citation",
     "ConfigError",
     "Document",
     "EmbeddingError",
     "EmbeddingService",
+    "ExtractionError",
     "HaikuRAG",
     "HaikuRAGError",
     "ReadOnlyError",
@@ -35,5 +40,6 @@ __all__ = [
     "StoreError",
     "StoreInfo",
     "StoreNotFoundError",
+    "ask_ephemeral",
     "load_config",
 ]

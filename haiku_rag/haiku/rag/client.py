@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, overload
 
 from haiku.rag.chunking import default_overlap
 from haiku.rag.config import DEFAULT_CHUNK_SIZE, AppConfig, load_config
@@ -29,8 +29,19 @@ from haiku.rag.errors import (
 )
 from haiku.rag.ingest import AddReport, ids_for_uris, plan_changes, write_documents
 from haiku.rag.progress import NoProgress, Progress
-from haiku.rag.retrieval.hybrid import HybridRetriever
-from haiku.rag.sources import load_sources
+from haiku.rag.retrieval.extract import ChunkExtractor
+from haiku.rag.retrieval.graph import (
+    GraphSignal,
+    GraphStats,
+    GraphUpdate,
+    KnowledgeGraph,
+    load_graph,
+    update_graph,
+)
+from haiku.rag.retrieval.hybrid import GRAPH_SIGNAL, HybridRetriever
+from haiku.rag.retrieval.rerank import Reranker, make_reranker
+from haiku.rag.retrieval.signals import default_signals
+from haiku.rag.sources import CommandPolicy, load_sources
 from haiku.rag.store import driver_class, infer_driver
 from haiku.rag.store.base import Store, StoreSettings
 
@@ -92,8 +103,36 @@ class StoreInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class _OpenMethod:
+    """`HaikuRAG.open(name, ...)` on the class is `HaikuRAG.named` (a knowledge base by
+    name); `await kb.open()` on an instance opens its store. One word reads right in
+    both places, so the descriptor dispatches on how it is reached."""
+
+    def __init__(self, method: Callable[[Any], Awaitable[Any]]) -> None:
+        self._method = method
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[HaikuRAG]) -> Callable[..., HaikuRAG]: ...
+
+    @overload
+    def __get__(
+        self, instance: HaikuRAG, owner: type[HaikuRAG] | None = None
+    ) -> Callable[[], Awaitable[HaikuRAG]]: ...
+
+    def __get__(self, instance: HaikuRAG | None, owner: type[HaikuRAG] | None = None) -> Any:
+        if instance is None:
+            assert owner is not None
+            return owner.named
+        return self._method.__get__(instance, owner)
+
+
 class HaikuRAG:
-    """A knowledge base: `async with HaikuRAG("kb.lancedb", create=True) as kb: ...`."""
+    """A knowledge base: `async with HaikuRAG("kb.lancedb", create=True) as kb: ...`,
+    or by name: `async with HaikuRAG.open("notes") as kb: ...` (see `named`)."""
+
+    rag_name: str | None = None
+    """The knowledge base's name when it was opened by name (`named`), else None."""
 
     def __init__(
         self,
@@ -115,6 +154,39 @@ class HaikuRAG:
         self._embedder: EmbeddingService | None = None
         self._retriever: HybridRetriever | None = None
         self._lock = asyncio.Lock()
+        self.extractor: ChunkExtractor | None = ChunkExtractor.from_config(self.config.graph)
+        """Extracts the knowledge graph from new chunks (graph.extractor_model); assign
+        another ChunkExtractor to use a model object instead of a name."""
+        self._reranker: Reranker | None = make_reranker(self.config.search.reranker_model)
+        self._graph: KnowledgeGraph | None = None
+
+    @classmethod
+    def named(
+        cls,
+        name: str,
+        config: AppConfig | None = None,
+        *,
+        create: bool = False,
+        driver: str | None = None,
+        read_only: bool = False,
+    ) -> Self:
+        """The knowledge base called `name` in the rags dir, not yet opened (also spelled
+        `HaikuRAG.open(name)`): use `async with` or `await kb.open()`.
+
+        Whatever its driver, an existing one opens with it (`driver`, if given, must
+        agree). A missing name raises StoreNotFoundError now, unless `create`: then it
+        is made with `driver` (else `storage.driver`, else lancedb) on first open.
+        See `haiku.rag.rags` for the rags dir and the file layout.
+        """
+        from haiku.rag.rags import resolve_rag
+
+        config = config if config is not None else load_config()
+        entry = resolve_rag(name, config, create=create, driver=driver)
+        client = cls(
+            entry.location, config, create=create, read_only=read_only, driver=entry.driver
+        )
+        client.rag_name = entry.name
+        return client
 
     # lifecycle -----------------------------------------------------------------
 
@@ -130,7 +202,9 @@ class HaikuRAG:
     ) -> None:
         self.close()
 
+    @_OpenMethod
     async def open(self) -> Self:
+        """Open (or, with `create`, make) the store; returns self. Idempotent."""
         if self._store is not None:
             return self
         cls = driver_class(self.driver)
@@ -145,11 +219,12 @@ class HaikuRAG:
         self._store = store
         try:
             self._embedder = self._embedder_for(store.settings)
+            self._graph = await asyncio.to_thread(load_graph, store)
         except HaikuRAGError:
             store.close()
             self._store = None
             raise
-        self._retriever = HybridRetriever(store, self._embedder, self.config.search)
+        self._retriever = self._make_retriever(store)
         return self
 
     def _open_options(self) -> dict[str, Any]:
@@ -176,7 +251,12 @@ class HaikuRAG:
         return await asyncio.to_thread(cls.create, self.location, settings)
 
     def _embedder_for(self, settings: StoreSettings) -> EmbeddingService:
-        """The store's model wins unless the user explicitly configured another one."""
+        """The store's model wins unless the user explicitly configured another one.
+
+        `embeddings.query_model`, when set, embeds the queries; it must make vectors of
+        the store's dimension (checked here when its size is known, else on the first
+        query), so a mismatch fails naming both models instead of searching nonsense.
+        """
         embeddings = self.config.embeddings
         if "model" in embeddings.model_fields_set and embeddings.model != settings.embedding_model:
             raise StoreError(
@@ -202,6 +282,7 @@ class HaikuRAG:
             self._store.close()
             self._store = None
             self._retriever = None
+            self._graph = None
 
     @property
     def store(self) -> Store:
@@ -238,18 +319,71 @@ class HaikuRAG:
         assert self._retriever is not None
         return self._retriever
 
+    @property
+    def reranker(self) -> Reranker | None:
+        """Re-scores candidates instead of RRF (search.reranker_model); None: RRF."""
+        return self._reranker
+
+    @reranker.setter
+    def reranker(self, reranker: Reranker | None) -> None:
+        self._reranker = reranker
+        if self._retriever is not None:
+            self._retriever.reranker = reranker
+
+    def _make_retriever(self, store: Store) -> HybridRetriever:
+        """Vector (and BM25 where the store has it); graph only once the store has a
+        non-empty graph, so a knowledge base without one pays nothing for it."""
+        assert self._embedder is not None
+        signals = default_signals(store)
+        if self._graph is not None and not self._graph.empty:
+            graph = self.config.graph
+            signals.append(
+                GraphSignal(store, self._graph, hops=graph.hops, max_entities=graph.max_entities)
+            )
+        return HybridRetriever(
+            store, self._embedder, self.config.search, signals=signals, reranker=self._reranker
+        )
+
+    async def _update_graph(
+        self, progress: Progress | None = None, *, full: bool = False, extract: bool = True
+    ) -> GraphUpdate:
+        """Bring the graph in line with the stored documents (see `update_graph`); a no-op
+        without a graph and an extractor. Call with the write lock held."""
+        if self._graph is None:
+            return GraphUpdate()
+        extractor = self.extractor if extract else None
+        try:
+            return await update_graph(
+                self.store, self._graph, extractor, full=full, progress=progress
+            )
+        finally:
+            self._retriever = self._make_retriever(self.store)
+
+    async def graph_stats(self, top: int = 10) -> GraphStats | None:
+        """Entity and relationship counts and the `top` entities; None when the driver
+        keeps no graph."""
+        self.store  # noqa: B018
+        return None if self._graph is None else self._graph.stats(top)
+
     # ingest --------------------------------------------------------------------
 
     async def add(
-        self, *sources: str, prune: bool = True, progress: Progress | None = None
+        self,
+        *sources: str,
+        prune: bool = True,
+        progress: Progress | None = None,
+        allow_commands: bool = False,
     ) -> AddReport:
         """Bring the store up to date with `sources`: embed only what is new or changed.
 
         With `prune`, documents that a directory or glob source used to hold but no
-        longer does are deleted.
+        longer does are deleted. Configured document loaders always apply;
+        `` `cmd` `` sources run a shell command, so they need `allow_commands=True`
+        (pass it only for specs a person typed, never for an agent's or a client's).
         """
         store = self._check_writable()
-        batch = await load_sources(sources)
+        commands = CommandPolicy.from_config(self.config, allow_commands=allow_commands)
+        batch = await load_sources(sources, commands=commands)
         async with self._lock:
             stored = await asyncio.to_thread(store.document_hashes)
             changes = plan_changes(
@@ -272,6 +406,7 @@ class HaikuRAG:
                 await asyncio.to_thread(store.delete_documents, ids_for_uris(changes.removed))
             if embedded >= OPTIMIZE_AFTER_CHUNKS:
                 await self._optimize()
+            graph = await self._update_graph(progress)
         return AddReport(
             added=[doc.uri for doc in changes.new],
             updated=[doc.uri for doc in changes.changed],
@@ -279,6 +414,7 @@ class HaikuRAG:
             deleted=changes.removed,
             failed=batch.failures,
             chunks_embedded=embedded,
+            chunks_extracted=graph.extracted,
         )
 
     async def _keep_created_at(self, document: Document) -> Document:
@@ -324,10 +460,13 @@ class HaikuRAG:
                     chunk_size=settings.chunk_size,
                     chunk_overlap=settings.chunk_overlap,
                 )
+                await self._update_graph()
         return document
 
     async def rebuild(self, progress: Progress | None = None) -> int:
-        """Re-chunk and re-embed every document; returns the number of chunks embedded."""
+        """Re-chunk and re-embed every document, and re-link every chunk into the graph
+        (cached extractions are reused; chunks skipped earlier are retried). Returns the
+        number of chunks embedded."""
         store = self._check_writable()
         async with self._lock:
             documents = await asyncio.to_thread(store.list_documents)
@@ -341,6 +480,7 @@ class HaikuRAG:
                 progress=progress or NoProgress(),
             )
             await self._optimize()
+            await self._update_graph(progress, full=True)
             return embedded
 
     async def delete_document(self, id_or_uri: str) -> bool:
@@ -350,6 +490,7 @@ class HaikuRAG:
             return False
         async with self._lock:
             await asyncio.to_thread(self.store.delete_documents, [document.id])
+            await self._update_graph(extract=False)
         return True
 
     # read ----------------------------------------------------------------------
@@ -389,11 +530,27 @@ class HaikuRAG:
         documents, chunks = await asyncio.gather(
             _count_or_unknown(store.count_documents), _count_or_unknown(store.count_chunks)
         )
-        signals = ["vector"] + (["bm25"] if store.features.keyword_search else [])
+        # The signals search runs: graph once the store has one, but not under a reranker.
+        signals = [
+            name
+            for name in self.retriever.signal_names
+            if name != GRAPH_SIGNAL or self.reranker is None
+        ]
         chunking = plan_chunking(self.config, self.embedder.max_input_chars)
         extra: dict[str, Any] = {}
+        if self._graph is not None and not self._graph.empty:
+            extra["graph"] = (
+                f"{self._graph.entity_count} entities, {self._graph.relationship_count} "
+                f"relationships, from {len(self._graph.chunks)} chunks"
+            )
+        if self.reranker is not None:
+            extra["reranker"] = getattr(self.reranker, "model_name", type(self.reranker).__name__)
         if chunking.size == settings.chunk_size:
             extra["chunk_size_reason"] = chunking.reason
+        if self.embedder.query_model_name is not None:
+            extra["query_model"] = self.embedder.query_model_name
+        if self.rag_name is not None:
+            extra["rag"] = self.rag_name
         return StoreInfo(
             path=self.location,
             driver=settings.driver,
@@ -412,12 +569,19 @@ class HaikuRAG:
     # answer --------------------------------------------------------------------
 
     async def ask(
-        self, question: str, filter: str | None = None, *, model: Any = None
+        self,
+        question: str,
+        filter: str | None = None,
+        *,
+        model: Any = None,
+        inject: bool = False,
     ) -> tuple[str, list[Citation]]:
         """Answer `question` with an agent using the RAG capability over this store.
 
         `model` overrides `qa.model` (a Pydantic AI model or `provider:name`); `filter`
         narrows the documents as in `search`. Returns the answer and its citations.
+        With `inject`, the context capability is used instead: the filled RAG template
+        goes with the question (citations: the injected chunks, by source number).
         """
         from pydantic_ai import Agent
 
@@ -431,6 +595,15 @@ class HaikuRAG:
                 "or pass model=..."
             )
         self.store  # noqa: B018 - the clear "not open" error before any model call
+        if inject:
+            from haiku.rag.capabilities import context
+
+            injected = context.ContextState()
+            capability = context.create_capability(rag=self, filter=filter)
+            injecting = Agent(chosen, capabilities=[capability], deps_type=RAGDeps)
+            deps = RAGDeps(state={context.STATE_KEY: injected})
+            output = (await injecting.run(question, deps=deps)).output
+            return output, injected.citations()
         state = RAGState(document_filter=filter)
         agent = Agent(chosen, capabilities=[create_capability(rag=self)], deps_type=RAGDeps)
         result = await agent.run(question, deps=RAGDeps(state={"rag": state}))

@@ -13,7 +13,14 @@ from typing import Any
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from haiku.rag.errors import ConfigError
 
@@ -69,7 +76,8 @@ class ChunkingConfig(_Section):
     def _overlap_smaller_than_size(self) -> ChunkingConfig:
         if self.size is not None and self.overlap is not None and self.overlap >= self.size:
             raise ValueError(
-                f"chunking.overlap ({self.overlap}) must be smaller than chunking.size ({self.size})"
+                f"chunking.overlap ({self.overlap}) must be smaller than "
+                f"chunking.size ({self.size})"
             )
         return self
 
@@ -84,8 +92,50 @@ class SearchConfig(_Section):
         50, gt=0, description="Candidates each signal returns before fusion or reranking."
     )
     reranker_model: str | None = Field(
-        None, description="When set, a reranker re-scores the candidates instead of RRF."
+        None,
+        description="When set, a reranker re-scores the candidates instead of RRF (and the "
+        "graph signal is not used): `cross-encoder:NAME_OR_PATH` (sentence-transformers) or "
+        "any Pydantic AI chat model, e.g. `openai:gpt-5-mini`.",
     )
+    rerank_candidates: int = Field(
+        50, gt=0, description="Candidates each signal returns for the reranker to re-score."
+    )
+
+
+GRAPH_CHUNK_PLACEHOLDER = "__CHUNK__"
+
+
+class GraphConfig(_Section):
+    extractor_model: str | None = Field(
+        None,
+        description="Pydantic AI chat model that extracts entities and relationships from "
+        "each new or changed chunk; unset: no knowledge graph, no graph signal, no cost.",
+    )
+    extractor_prompt: str | None = Field(
+        None,
+        description=f"Custom extraction prompt; must contain `{GRAPH_CHUNK_PLACEHOLDER}` (replaced "
+        "by the chunk text) and ask for the same JSON structure (entities, relationships).",
+    )
+    hops: int = Field(
+        1, ge=0, description="Graph hops expanded from the entities named in a query (0: none)."
+    )
+    max_entities: int = Field(
+        20, gt=0, description="Highest-scoring entities whose chunks the graph signal returns."
+    )
+    concurrency: int = Field(4, gt=0, description="Chunks sent to the extractor at once.")
+    max_retries: int = Field(
+        2, ge=0, description="Retries of an extraction call that failed or returned invalid output."
+    )
+
+    @field_validator("extractor_prompt")
+    @classmethod
+    def _prompt_has_placeholder(cls, prompt: str | None) -> str | None:
+        if prompt is not None and GRAPH_CHUNK_PLACEHOLDER not in prompt:
+            raise ValueError(
+                f"the prompt must contain {GRAPH_CHUNK_PLACEHOLDER} where the chunk text goes; "
+                "add it, or remove the setting to use the default prompt"
+            )
+        return prompt
 
 
 class QAConfig(_Section):
@@ -115,6 +165,11 @@ class StorageConfig(_Section):
     driver: str | None = Field(
         None, description="Storage driver; inferred from the path when unset."
     )
+    rags_dir: Path | None = Field(
+        None,
+        description="Where named knowledge bases (`--rag NAME`) live; `HAIKU_RAG_RAGS_DIR` "
+        "overrides it. Unset: `<data_dir>/rags`.",
+    )
 
     @property
     def default_db_path(self) -> Path:
@@ -125,14 +180,45 @@ class AppConfig(_Section):
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
+    graph: GraphConfig = Field(default_factory=GraphConfig)
     qa: QAConfig = Field(default_factory=QAConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    rag_template: str | None = Field(
+        None,
+        description="Prompt that wraps retrieved context around a question (the context "
+        "capability, `ask --inject`): `__INPUT__` and `__CONTEXT__` required, `__SOURCES__` "
+        "optional; unset: `haiku.rag.template.DEFAULT_TEMPLATE`.",
+    )
+    document_loaders: dict[str, str] = Field(
+        default_factory=dict,
+        description="Commands that turn other files into text: `{name: 'cmd $1 [$2]'}`; "
+        "`name:input` sources and files with extension `.name` run them (see docs/sources.md).",
+    )
+    loader_timeout: float = Field(
+        120.0, gt=0, description="Seconds a document loader or a `` `cmd` `` source may run."
+    )
 
     source_path: Path | None = Field(
         None, exclude=True, description="The file this config was loaded from, if any."
     )
+
+    @field_validator("document_loaders")
+    @classmethod
+    def _loaders_are_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        from haiku.rag.sources.loaders import parse_loader
+
+        for name, template in value.items():
+            parse_loader(name, template)
+        return value
+
+    @field_validator("rag_template")
+    @classmethod
+    def _template_has_placeholders(cls, value: str | None) -> str | None:
+        from haiku.rag.template import validate_template
+
+        return None if value is None else validate_template(value)
 
 
 def user_config_path() -> Path:

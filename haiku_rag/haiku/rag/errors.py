@@ -30,3 +30,7 @@ class EmbeddingError(HaikuRAGError):
 
 class ReadOnlyError(StoreError):
     """A write was attempted on a store opened read-only or a read-only driver."""
+
+
+class ExtractionError(HaikuRAGError):
+    """The graph extractor model could not be reached or refused the requests."""

@@ -45,6 +45,8 @@ class AddReport:
     deleted: list[str] = field(default_factory=list)
     failed: list[SourceFailure] = field(default_factory=list)
     chunks_embedded: int = 0
+    chunks_extracted: int = 0
+    """Chunks sent to the graph extractor (0 without graph.extractor_model)."""
 
     def summary(self) -> str:
         parts = [
@@ -59,7 +61,12 @@ class AddReport:
             if self.chunks_embedded
             else "nothing to embed"
         )
-        return ", ".join(parts) + f"; {embedded}"
+        extracted = (
+            f"; {self.chunks_extracted} chunks extracted to the graph"
+            if self.chunks_extracted
+            else ""
+        )
+        return ", ".join(parts) + f"; {embedded}{extracted}"
 
 
 def plan_changes(
@@ -81,12 +88,17 @@ def plan_changes(
             changed.append(document)
         else:
             unchanged.append(document)
-    seen = {document.uri for document in documents} | set(failed)
+    loaded = {document.uri for document in documents}
+    failed_uris = set(failed)
     scopes = list(scopes)
+    # `x.zip#entry` came from a loader run on x.zip: if x.zip failed, its entries stay.
     removed = sorted(
         uri
         for uri in stored_hashes
-        if uri not in seen and any(scope.covers(uri) for scope in scopes)
+        if uri not in loaded
+        and uri not in failed_uris
+        and uri.partition("#")[0] not in failed_uris
+        and any(scope.covers(uri) for scope in scopes)
     )
     return ChangeSet(new=new, changed=changed, unchanged=unchanged, removed=removed)
 

@@ -3,6 +3,7 @@
 - `rag.create_capability(...)`: `search`, `execute_code` and `cite`, budgets, state;
 - `compaction.create_capability()`: earlier questions keep only their cited evidence;
 - `policy.create_capability()`: an uncited final answer is sent back once to cite;
+- `context.create_capability(...)`: retrieved context before the first request, `rag__query`;
 - `ledger.citation_status(records, question=...)`: audit grounding.
 
 Importing this package is cheap; names are loaded from their modules on first use.
@@ -24,6 +25,8 @@ _EXPORTS = {
     "citation_status": "ledger",
     "EvidenceCompaction": "compaction",
     "CitationPolicy": "policy",
+    "ContextCapability": "context",
+    "ContextState": "context",
 }
 
 __all__ = sorted(_EXPORTS)

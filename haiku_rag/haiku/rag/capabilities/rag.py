@@ -572,25 +572,7 @@ class RAGCapability(AbstractCapability[Any]):
         return search
 
     async def _mounted_documents(self, kb: HaikuRAG, state: RAGState) -> list[MountedDocument]:
-        from haiku.rag.sandbox import MountedDocument
-
-        store = kb.store
-        allowed = await self.allowed_document_ids(kb, state)
-        if allowed is None:
-            documents = await kb.list_documents(limit=MAX_MOUNTED_DOCUMENTS)
-        else:
-            documents = []
-            for document_id in sorted(allowed):
-                document = await asyncio.to_thread(store.get_document, document_id)
-                if document is not None:
-                    documents.append(document)
-                if len(documents) >= MAX_MOUNTED_DOCUMENTS:
-                    break
-        mounted = []
-        for document in documents:
-            chunks = await asyncio.to_thread(store.document_chunks, document.id)
-            mounted.append(MountedDocument(document=document, chunks=chunks))
-        return mounted
+        return await mount_documents(kb, await self.allowed_document_ids(kb, state))
 
     async def _resolve(
         self, state: RAGState, raw_ids: list[str]
@@ -634,6 +616,29 @@ class RAGCapability(AbstractCapability[Any]):
                 rank=0,
             )
         return found
+
+
+async def mount_documents(kb: HaikuRAG, allowed: set[str] | None) -> list[MountedDocument]:
+    """What a sandbox mounts: the `allowed` documents, or (None) the first
+    MAX_MOUNTED_DOCUMENTS of the store; shared with the MCP server's `execute_code`."""
+    from haiku.rag.sandbox import MountedDocument
+
+    store = kb.store
+    if allowed is None:
+        documents = await kb.list_documents(limit=MAX_MOUNTED_DOCUMENTS)
+    else:
+        documents = []
+        for document_id in sorted(allowed):
+            document = await asyncio.to_thread(store.get_document, document_id)
+            if document is not None:
+                documents.append(document)
+            if len(documents) >= MAX_MOUNTED_DOCUMENTS:
+                break
+    mounted = []
+    for document in documents:
+        chunks = await asyncio.to_thread(store.document_chunks, document.id)
+        mounted.append(MountedDocument(document=document, chunks=chunks))
+    return mounted
 
 
 def create_capability(

@@ -83,7 +83,8 @@ class HybridRetriever:
         needs_vector = any(getattr(signal, "needs_vector", True) for signal in active)
         vector = await self.embedder.embed_query(text) if needs_vector else None
         request = Query(text=text, vector=vector)
-        candidates = max(self.config.candidates, limit)
+        depth = self.config.candidates if self.reranker is None else self.config.rerank_candidates
+        candidates = max(depth, limit)
         rankings = await asyncio.gather(
             *(signal.rank(request, candidates, ids) for signal in active)
         )
@@ -138,6 +139,9 @@ class HybridRetriever:
             )
             if len(results) == limit:
                 break
+        if not results:
+            logger.warning("Reranker returned none of the candidates; falling back to RRF order")
+            return pool[:limit]
         return results
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import mimetypes
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,13 +62,17 @@ class _Walk:
     failures: list[SourceFailure] = field(default_factory=list)
 
 
-def plan_files(spec: PathSpec | GlobSpec) -> FilePlan:
-    """Resolve a path or glob spec on disk; raises SourceError when it names nothing."""
+def plan_files(spec: PathSpec | GlobSpec, loader_suffixes: Collection[str] = ()) -> FilePlan:
+    """Resolve a path or glob spec on disk; raises SourceError when it names nothing.
+
+    `loader_suffixes` (`.pdf`, ...) are extensions a document loader reads: a
+    directory loads (and owns) those files too.
+    """
     if isinstance(spec, GlobSpec) and not os.path.lexists(spec.path):
         return _plan_glob(spec)
     path = Path(spec.path).resolve()
     if path.is_dir():
-        return _plan_directory(path)
+        return _plan_directory(path, tuple(s.lower() for s in loader_suffixes))
     if path.is_file():
         return FilePlan(paths=(path,), scopes=(Scope("exact", path.as_uri()),), strict=True)
     if path.exists():
@@ -75,12 +80,14 @@ def plan_files(spec: PathSpec | GlobSpec) -> FilePlan:
     raise SourceError(f"No such file or directory: {path} (check the path)")
 
 
-def _plan_directory(root: Path) -> FilePlan:
+def _plan_directory(root: Path, loader_suffixes: tuple[str, ...] = ()) -> FilePlan:
     walk = _walk(root, compile_glob("**/*"), recursive=True, max_depth=0, hidden=False)
-    paths = [path for path in walk.files if path.suffix.lower() in TEXT_TYPES]
-    # A directory owns only what it would load: the known text types, hidden names
-    # excluded, so `add dir/` never prunes a document added from `dir/data.csv`.
-    prefix = Scope("prefix", _as_directory(root.as_uri()), suffixes=tuple(sorted(TEXT_TYPES)))
+    suffixes = tuple(sorted({*TEXT_TYPES, *loader_suffixes}))
+    paths = [path for path in walk.files if path.suffix.lower() in suffixes]
+    # A directory owns only what it would load: the known text types (and loader
+    # extensions), hidden names excluded, so `add dir/` never prunes a document
+    # added from `dir/data.csv`.
+    prefix = Scope("prefix", _as_directory(root.as_uri()), suffixes=suffixes)
     return FilePlan(tuple(paths), (prefix,), tuple(walk.failures))
 
 

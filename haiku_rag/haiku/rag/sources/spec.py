@@ -11,7 +11,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -55,12 +55,14 @@ class Scope:
                 return False
             if not self.suffixes:
                 return True
-            rest = unquote(uri[len(self.pattern) :])
+            # `file.zip#entry` is a loader's entry of file.zip: judge it by the file
+            rest = unquote(uri[len(self.pattern) :].partition("#")[0])
             hidden = any(part.startswith(".") for part in rest.split("/"))
             return not hidden and os.path.splitext(rest)[1].lower() in self.suffixes
         if not uri.startswith("file:"):
             return False
-        return compile_glob(self.pattern).fullmatch(unquote(uri)) is not None
+        file_uri = uri.partition("#")[0]  # a file uri's own `#` is percent-encoded
+        return compile_glob(self.pattern).fullmatch(unquote(file_uri)) is not None
 
 
 @dataclass(frozen=True)
@@ -96,20 +98,65 @@ class CrawlSpec:
     prefix: str
 
 
-Spec = PathSpec | GlobSpec | UrlSpec | CrawlSpec
+@dataclass(frozen=True)
+class LoaderSpec:
+    """`name:input`, where `name` is a configured document loader (see `loaders.py`)."""
+
+    raw: str
+    loader: str
+    argument: str
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """`` `command` ``: the output of a shell command (see `loaders.py`)."""
+
+    raw: str
+    command: str
+
+
+Spec = PathSpec | GlobSpec | UrlSpec | CrawlSpec | LoaderSpec | CommandSpec
 
 
 def split_specs(specs: str | Sequence[str]) -> list[str]:
-    """`a;b` is two specs; a bare string is one spec, not a sequence of characters."""
+    """`a;b` is two specs; a bare string is one spec, not a sequence of characters.
+
+    A `;` between backticks belongs to the command (`` `make; cat log` ``).
+    """
     items = [specs] if isinstance(specs, str) else list(specs)
-    parts = [part.strip() for item in items for part in item.split(";")]
+    parts = [part.strip() for item in items for part in _split_outside_backticks(item)]
     return [part for part in parts if part]
 
 
-def parse_spec(text: str) -> Spec:
-    """Classify one spec by its text alone; the loaders decide what exists."""
+def _split_outside_backticks(item: str) -> list[str]:
+    parts, start, quoted = [], 0, False
+    for index, char in enumerate(item):
+        if char == "`":
+            quoted = not quoted
+        elif char == ";" and not quoted:
+            parts.append(item[start:index])
+            start = index + 1
+    parts.append(item[start:])
+    return parts
+
+
+def parse_spec(text: str, loaders: Collection[str] = ()) -> Spec:
+    """Classify one spec by its text alone; the loaders decide what exists.
+
+    `loaders` are the configured document loader names: `name:input` with one of
+    them is a `LoaderSpec`. `` `cmd` `` is a `CommandSpec`.
+    """
     text = text.strip()
     lowered = text.lower()
+    if len(text) >= 2 and text.startswith("`") and text.endswith("`"):
+        if not text[1:-1].strip():
+            raise SourceError("Empty command source ``: put a command between the backticks")
+        return CommandSpec(raw=text, command=text[1:-1].strip())
+    name, colon, argument = text.partition(":")
+    if colon and name in loaders:
+        if not argument.strip():
+            raise SourceError(f"{text!r} names the loader {name!r} but no input after the colon")
+        return LoaderSpec(raw=text, loader=name, argument=argument.strip())
     if lowered.startswith(("http://", "https://")):
         return _parse_url(text)
     path = url2pathname(urlsplit(text).path) if lowered.startswith("file://") else text

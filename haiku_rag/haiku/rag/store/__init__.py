@@ -22,10 +22,11 @@ DRIVERS: dict[str, str] = {
     "lancedb": "haiku.rag.store.lancedb:LanceDBStore",
     "qdrant": "haiku.rag.store.qdrant:QdrantStore",
     "yaml": "haiku.rag.store.yaml:YamlStore",
+    "duckdb": "haiku.rag.store.duckdb:DuckDBStore",
 }
 """Driver name -> `module:Class`; imported lazily so unused drivers cost nothing."""
 
-_SUFFIXES = {".lancedb": "lancedb", ".yaml": "yaml", ".yml": "yaml"}
+_SUFFIXES = {".lancedb": "lancedb", ".yaml": "yaml", ".yml": "yaml", ".duckdb": "duckdb"}
 _QDRANT_ATTACH_SUFFIXES = (".qdrant.yaml", ".qdrant.yml")
 _QDRANT_SCHEMES = ("qdrant:", "http:", "https:")
 """A Qdrant attach file, or a collection URL (pathlib may have collapsed its `//`)."""

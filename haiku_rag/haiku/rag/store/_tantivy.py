@@ -5,9 +5,11 @@ only, and can be updated in place (documents removed, chunks added) so a store
 does not re-index everything after each write.
 
 Text is analysed the way LanceDB's default `FTS()` index does it (simple
-tokenizer, tokens of 40+ bytes dropped, lower case, English stemming, English
-stop words, ASCII folding, in that order), and tantivy's BM25 uses the same
-k1 = 1.2, b = 0.75, so drivers rank keyword matches like the default driver.
+tokenizer, tokens of 40+ bytes dropped, lower case, English stemming, then
+NLTK's English stop words, which LanceDB uses, then ASCII folding), and
+tantivy's BM25 uses the same k1 = 1.2, b = 0.75, so drivers rank keyword matches
+like the default driver. (tantivy's own "english" stop list is Lucene's 33 words;
+with it, "it's" or "does" would match where LanceDB matches nothing.)
 
 Queries are never parsed: they go through the same analyser and become a
 disjunction of term queries. Quotes, colons, `AND`, `-` or brackets in user
@@ -26,6 +28,20 @@ from haiku.rag.store.base import Ranked
 ANALYZER = "haiku_rag_en"
 MAX_TOKEN_BYTES = 40
 _HEAP_BYTES = 64_000_000
+_NLTK_ENGLISH = """
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his
+    himself she her hers herself it its itself they them their theirs themselves what which
+    who whom this that these those am is are was were be been being have has had having do
+    does did doing a an the and but if or because as until while of at by for with about
+    against between into through during before after above below to from up down in out on
+    off over under again further then once here there when where why how all any both each
+    few more most other some such no nor not only own same so than too very s t can will
+    just don should now d ll m o re ve y ain aren couldn didn doesn hadn hasn haven isn ma
+    mightn mustn needn shan shouldn wasn weren won wouldn
+"""
+STOP_WORDS = frozenset(_NLTK_ENGLISH.split())
+"""NLTK's English stop words as LanceDB applies them (after stemming); the forms with
+an apostrophe (don't, it's) never reach the filter, the tokenizer splits them."""
 _TIE_MARGIN = 16
 """Extra hits fetched past `limit` so equal scores at the cut are ordered by chunk id."""
 
@@ -37,7 +53,7 @@ def analyzer() -> tantivy.TextAnalyzer:
         .filter(tantivy.Filter.remove_long(MAX_TOKEN_BYTES))
         .filter(tantivy.Filter.lowercase())
         .filter(tantivy.Filter.stemmer("english"))
-        .filter(tantivy.Filter.stopword("english"))
+        .filter(tantivy.Filter.custom_stopword(list(STOP_WORDS)))
         .filter(tantivy.Filter.ascii_fold())
         .build()
     )
@@ -117,4 +133,4 @@ class KeywordIndex:
         return ranked[:limit]
 
 
-__all__ = ["ANALYZER", "KeywordIndex", "analyzer"]
+__all__ = ["ANALYZER", "STOP_WORDS", "KeywordIndex", "analyzer"]

@@ -6,25 +6,30 @@ The file is one valid YAML document with these top-level keys::
     haiku_rag: {"format": 1, "driver": "yaml"}
     settings: {"driver": "yaml", "embedding_model": "hash:v1", "embedding_dim": 256, ...}
     graph: null
-    documents:
-    - {"id": "...", "uri": "...", "title": ..., "content_hash": "...", "created_at": "...",
-       "updated_at": "...", "metadata": {...}, "content": "..."}
-    chunks:
-    - {"id": "...", "document_id": "...", "order": 0, "start": 0, "headings": [...],
-       "content": "...", "vector": "<base64 of little-endian float32>"}
+    documents: [
+      {"id": "...", "uri": "...", "title": ..., "content_hash": "...", "created_at": ...,
+       "updated_at": ..., "metadata": {...}, "content": "..."},
+      ...
+      ]
+    chunks: [
+      {"id": "...", "document_id": "...", "order": 0, "start": 0, "headings": [...],
+       "content": "...", "vector": "<base64 of little-endian float32>"},
+      ...
+      ]
 
-Each document and each chunk is one line: a YAML flow mapping that is also JSON.
-Any YAML library reads the file (`yaml.safe_load` gives the obvious dicts), a
-diff shows which documents changed, and this driver reads its own files with the
-`json` module line by line instead of a YAML parser: PyYAML (even with libyaml)
-builds Python objects at ~150k scalars/s, which at 100k chunks of 384 dimensions
-would take ~10 s to open, while the per-line path opens the same file in about
-a second (see `bench/drivers.py`). The vector is the last field of a chunk, so
-the reader slices its base64 out of the line instead of scanning it as JSON text.
-Files that do not follow this shape (hand-edited, written by another tool) are
-read with the YAML parser instead: slower, same result. Strings are written as
-JSON with the few characters YAML forbids or folds (C1 controls, U+2028/9,
-U+FEFF...) escaped, so both readers see the same text.
+Each document and each chunk is one line (shown wrapped above), and each section
+is a YAML flow sequence that is also a JSON array. Any YAML library reads the
+file (`yaml.safe_load` gives the obvious dicts) and a diff shows which documents
+changed. Why not block-style YAML: PyYAML, even with libyaml, builds Python
+objects at ~150k scalars/s, so a store of 100k chunks of 384 dimensions took
+~20 s to open. This driver reads its own files without a YAML parser: the few
+top-level lines with `json`, and each section with one call of pydantic's Rust
+JSON validator, which also decodes the base64 vectors. The same store opens in
+about a second (`bench/drivers.py`). Files that do not have this exact shape
+(hand-edited, written by another tool) are read with the YAML parser instead:
+slower, same result. Strings are written as JSON with the few characters that
+YAML forbids or folds (C1 controls, U+2028/9, U+FEFF, lone surrogates) escaped,
+so both readers see the same text.
 
 Concurrency: readers take no lock. Writes are atomic: the new content goes to
 a temporary file in the same directory, is fsynced, then `os.replace`d over the
@@ -57,11 +62,11 @@ import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import yaml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from haiku.rag.documents import Chunk, Document
@@ -80,17 +85,30 @@ FORMAT_VERSION = 1
 SUFFIXES = (".yaml", ".yml")
 _OTHER_SUFFIXES = {".lancedb": "lancedb", ".duckdb": "duckdb"}
 _NOT_FOUND_FIX = "create it with `haiku-rag add` or HaikuRAG(..., create=True)"
+_SWITCH = (
+    "A store's driver is fixed when it is created; to switch to yaml, create a new .yaml "
+    "store and add your documents to it again (then delete the old one)"
+)
 _HEADER = (
     b"# haiku.rag knowledge base (yaml driver). One document or chunk per line; a chunk's\n"
     b"# vector is base64 of little-endian float32. haiku.rag rewrites this file on each change.\n"
 )
-_VECTOR_FIELD = b', "vector": "'
-_LINE_END = b'"}'
+_SECTION_END = b"\n  ]"
 _SECTIONS = ("documents", "chunks")
 _SCALARS = ("haiku_rag", "settings", "graph")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]")
 _BUFFER = 1 << 20
+_DOCUMENT_KEYS = (
+    "id",
+    "uri",
+    "title",
+    "content_hash",
+    "created_at",
+    "updated_at",
+    "metadata",
+    "content",
+)
 
 
 class _ChunkRow(TypedDict):
@@ -102,7 +120,15 @@ class _ChunkRow(TypedDict):
     content: str
 
 
+class _ChunkItem(_ChunkRow):
+    """A chunk as written in the file; in JSON mode pydantic decodes the base64 itself."""
+
+    __pydantic_config__ = ConfigDict(val_json_bytes="base64")  # type: ignore[misc]
+    vector: bytes
+
+
 _CHUNK_ROWS = TypeAdapter(list[_ChunkRow])
+_CHUNK_ITEMS = TypeAdapter(list[_ChunkItem])
 _DOCUMENTS = TypeAdapter(list[Document])
 
 
@@ -123,33 +149,25 @@ def _dumps(value: Any) -> bytes:
     return _YAML_UNSAFE.sub(_escape, text).encode("utf-8")
 
 
-def _document_line(document: Document) -> bytes:
+def _document_item(document: Document) -> bytes:
     data = document.model_dump(mode="json")
-    ordered = {key: data[key] for key in _DOCUMENT_KEYS}
-    return b"- " + _dumps(ordered) + b"\n"
+    return _dumps({key: data[key] for key in _DOCUMENT_KEYS})
 
 
-_DOCUMENT_KEYS = (
-    "id",
-    "uri",
-    "title",
-    "content_hash",
-    "created_at",
-    "updated_at",
-    "metadata",
-    "content",
-)
-
-
-def _chunk_line(row: _ChunkRow, vector: np.ndarray) -> bytes:
-    """The chunk as one JSON line with the vector last (the reader slices it out)."""
+def _chunk_item(row: _ChunkRow, vector: np.ndarray) -> bytes:
+    """The chunk as one JSON object, vector last (the long, unreadable part)."""
     head = _dumps(row)[:-1]
     encoded = binascii.b2a_base64(vector.astype("<f4", copy=False).tobytes(), newline=False)
-    return b"- " + head + _VECTOR_FIELD + encoded + _LINE_END + b"\n"
+    return head + b', "vector": "' + encoded + b'"}'
 
 
-def _b64_length(dim: int) -> int:
-    return 4 * ((4 * dim + 2) // 3)
+def _section(name: bytes, items: Iterable[bytes]) -> Iterator[bytes]:
+    """`name: [`, one item per line, then `  ]` on a line of its own (or `name: []`)."""
+    first = True
+    for item in items:
+        yield (name + b": [\n  " if first else b",\n  ") + item
+        first = False
+    yield name + b": []\n" if first else _SECTION_END + b"\n"
 
 
 # -- decoding ------------------------------------------------------------------
@@ -176,84 +194,66 @@ def _json(text: bytes) -> Any:
 def _parse_fast(file: Path, data: bytes) -> _Parsed:
     """Read a file in the layout this driver writes; `_NotCanonical` on any deviation.
 
-    One pass over the lines collects byte ranges without copying; all document
-    lines are then validated in one `validate_json` call, all chunk lines (minus
-    their vectors) in another, and all vectors are decoded in one base64 call.
+    Top-level lines are few and parsed one by one; each section is one JSON array
+    handed whole to pydantic's Rust JSON validator, which also decodes the vectors.
     """
     top: dict[str, Any] = {}
-    view = memoryview(data)
-    documents: list[memoryview] = []
-    heads: list[memoryview] = []
-    vectors: list[memoryview] = []
-    section: str | None = None
-    tail = marker = len(_VECTOR_FIELD)
+    spans: dict[str, tuple[int, int]] = {}
     pos, size = 0, len(data)
     while pos < size:
         newline = data.find(b"\n", pos)
         if newline < 0:
             newline = size
-        end = newline - 1 if newline > pos and data[newline - 1] == 13 else newline
-        if data.startswith(b"- ", pos, end):
-            if section == "chunks":
-                cut = end - tail - marker
-                if (
-                    cut <= pos + 2
-                    or not data.startswith(_VECTOR_FIELD, cut, end)
-                    or not data.startswith(_LINE_END, end - len(_LINE_END), end)
-                ):
+        line = data[pos:newline].rstrip(b"\r")
+        if line.strip() and not line.startswith(b"#"):
+            key, colon, rest = line.partition(b":")
+            name = key.decode("utf-8", "replace")
+            value = rest.strip()
+            if not colon or name in top or name in spans:
+                raise _NotCanonical
+            if name in _SCALARS:
+                top[name] = _json(value)
+            elif name in _SECTIONS and value == b"[":
+                # Items are one line each (JSON strings have no raw newline), so the
+                # section ends at the first line that is just `  ]`. Chunks are written
+                # last: search from the end instead of scanning ~300 MB (were they not
+                # last, the span would not be one JSON array and the YAML reader takes over).
+                if name == "chunks":
+                    close = data.rfind(_SECTION_END, newline)
+                else:
+                    close = data.find(_SECTION_END, newline)
+                if close < 0:
                     raise _NotCanonical
-                heads.append(view[pos + 2 : cut])
-                vectors.append(view[cut + marker : end - len(_LINE_END)])
-            elif section == "documents":
-                documents.append(view[pos + 2 : end])
+                start = pos + line.index(b"[", len(key))
+                newline = data.find(b"\n", close + len(_SECTION_END))
+                if newline < 0:
+                    newline = size
+                if data[close + len(_SECTION_END) : newline].strip():
+                    raise _NotCanonical
+                spans[name] = (start, close + len(_SECTION_END))
+            elif name in _SECTIONS and value.startswith(b"["):
+                spans[name] = (pos + line.index(b"[", len(key)), pos + len(line.rstrip()))
             else:
                 raise _NotCanonical
-        else:
-            line = data[pos:end]
-            if line.strip() and not line.startswith(b"#"):
-                section = _top_level(line, top)
-                if section == "chunks":
-                    tail = _b64_length(_dimension(top)) + len(_LINE_END)
         pos = newline + 1
     settings = _check_header(file, top)
     dim = settings.embedding_dim
     try:
-        docs = _DOCUMENTS.validate_json(b"[" + b",".join(documents) + b"]")
-        rows = _CHUNK_ROWS.validate_json(b"[" + b"},".join(heads) + b"}]") if heads else []
-        if (4 * dim) % 3 == 0:  # no padding: the rows concatenate into one base64 text
-            blob = binascii.a2b_base64(b"".join(vectors), strict_mode=True)
-        else:
-            blob = b"".join([binascii.a2b_base64(v, strict_mode=True) for v in vectors])
-    except (ValidationError, binascii.Error):
+        docs = (
+            _DOCUMENTS.validate_json(data[slice(*spans["documents"])])
+            if ("documents" in spans)
+            else []
+        )
+        items = (
+            _CHUNK_ITEMS.validate_json(data[slice(*spans["chunks"])]) if ("chunks" in spans) else []
+        )
+    except ValidationError:
         raise _NotCanonical from None
-    if len(blob) != 4 * dim * len(vectors):
+    vectors = [item.pop("vector") for item in items]  # type: ignore[misc]
+    if any(len(vector) != 4 * dim for vector in vectors):
         raise _NotCanonical
-    matrix = np.frombuffer(blob, dtype="<f4").reshape(len(vectors), dim)
-    return _Parsed(settings, docs, rows, matrix, top.get("graph"))
-
-
-def _top_level(line: bytes, top: dict[str, Any]) -> str | None:
-    """Record a `key: <json>` line in `top`; returns the section a bare `key:` opens."""
-    key, colon, rest = line.partition(b":")
-    name = key.decode("utf-8", "replace")
-    if not colon or name in top:
-        raise _NotCanonical
-    if name in _SECTIONS and not rest.strip():
-        top[name] = None
-        return name
-    if name in _SCALARS or (name in _SECTIONS and rest.strip() == b"[]"):
-        top[name] = _json(rest)
-        return None
-    raise _NotCanonical
-
-
-def _dimension(top: dict[str, Any]) -> int:
-    """The vector size the settings line declares (needed before reading chunk lines)."""
-    settings = top.get("settings")
-    dim = settings.get("embedding_dim") if isinstance(settings, dict) else None
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
-        raise _NotCanonical
-    return dim
+    matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim)
+    return _Parsed(settings, docs, cast(list[_ChunkRow], items), matrix, top.get("graph"))
 
 
 def _parse_yaml(file: Path, data: bytes) -> _Parsed:
@@ -271,7 +271,7 @@ def _parse_yaml(file: Path, data: bytes) -> _Parsed:
             f"{file} is not a haiku.rag yaml store (no `haiku_rag` header){_hint(file)}"
         )
     settings = _check_header(file, top)
-    sections = {}
+    sections: dict[str, list[Any]] = {}
     for name in _SECTIONS:
         items = top.get(name) or []
         if not isinstance(items, list):
@@ -304,8 +304,15 @@ def _parse_yaml(file: Path, data: bytes) -> _Parsed:
 def _hint(file: Path) -> str:
     other = _OTHER_SUFFIXES.get(file.suffix.lower())
     if other is not None:
-        return f"; {file.name} looks like a {other} store: open it with driver={other!r}"
+        return f"; {file.name} looks like a {other} store: open it with driver={other!r}. {_SWITCH}"
     return "; point to a haiku.rag .yaml store, or choose a new path to create one"
+
+
+def _switch(file: Path, other: str) -> StoreError:
+    return StoreError(
+        f"{file} belongs to a {other} store, not a {DRIVER} one: open it with "
+        f"driver={other!r}. {_SWITCH}"
+    )
 
 
 def _damaged(file: Path, detail: str) -> StoreError:
@@ -317,9 +324,9 @@ def _damaged(file: Path, detail: str) -> StoreError:
 
 def _first_error(error: ValidationError, section: str) -> str:
     issue = error.errors()[0]
-    loc = issue["loc"]
-    position = f" item {loc[0]}" if loc and isinstance(loc[0], int) else ""
-    fields = ".".join(str(part) for part in loc[1:])
+    loc = list(issue["loc"])
+    position = f" item {loc.pop(0)}" if loc and isinstance(loc[0], int) else ""
+    fields = ".".join(str(part) for part in loc)
     return f"{section}{position}: {fields + ': ' if fields else ''}{issue['msg']}"
 
 
@@ -444,13 +451,7 @@ def _check_header(file: Path, top: dict[str, Any]) -> StoreSettings:
         if isinstance(value, dict) and value.get("driver") not in (None, DRIVER)
     ]
     if recorded:
-        other = recorded[0]
-        raise StoreError(
-            f"{file} belongs to a {other} store, not a {DRIVER} one: open it with "
-            f"driver={other!r}. A store's driver is fixed when it is created; to switch to "
-            f"{DRIVER}, create a new .yaml store and add your documents to it again "
-            "(then delete the old store)"
-        )
+        raise _switch(file, str(recorded[0]))
     version = header.get("format", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise StoreError(
@@ -487,12 +488,7 @@ def _check_path(file: Path) -> None:
     """Refuse paths that belong to another driver, saying how to use or switch them."""
     if file.is_dir():
         if (file / "settings.lance").is_dir():
-            raise StoreError(
-                f"{file} is a lancedb store (a directory), not a {DRIVER} one: open it with "
-                "driver='lancedb'. A store's driver is fixed when it is created; to switch to "
-                f"{DRIVER}, create a new .yaml store and add your documents to it again "
-                "(then delete the old store)"
-            )
+            raise _switch(file, "lancedb")
         raise StoreError(
             f"{file} is a directory; the {DRIVER} driver keeps a store in one file: "
             "pass a path ending in .yaml"
@@ -547,7 +543,8 @@ class YamlStore:
         self._file = file
         self.path = str(file)
         self.read_only = read_only
-        self.features = StoreFeatures(writable=not read_only, keyword_search=True, graph=True)
+        # What the driver can do; whether this handle may write is `read_only`.
+        self.features = StoreFeatures(writable=True, keyword_search=True, graph=True)
         self._state: _State | None = state
         self._lock = threading.RLock()
         self._keyword: KeywordIndex | None = None
@@ -822,7 +819,7 @@ class YamlStore:
         with self._lock, self._file_lock() as fd:
             state = self._current()
             reloaded = False
-            if fd is not None:
+            if fd is not None:  # pragma: no branch - None only where flock is missing
                 stat = os.fstat(fd)
                 if _stamp(stat) != state.stamp:
                     data, stamp = _read_handle(fd)
@@ -925,18 +922,19 @@ class YamlStore:
         yield b"haiku_rag: " + _dumps({"format": FORMAT_VERSION, "driver": DRIVER}) + b"\n"
         yield b"settings: " + _dumps(state.settings.model_dump(mode="json")) + b"\n"
         yield b"graph: " + _dumps(state.graph) + b"\n"
-        yield b"documents:\n" if state.documents else b"documents: []\n"
-        for document in state.documents.values():
-            yield _document_line(document)
-        yield b"chunks:\n" if state.chunks else b"chunks: []\n"
-        lines = self._lines
+        yield from _section(b"documents", map(_document_item, state.documents.values()))
+        cache = self._lines
         fresh: dict[str, bytes] = {}
-        for i, (cid, row) in enumerate(state.chunks.items()):
-            line = lines.get(cid)
-            if line is None:
-                line = _chunk_line(row, state.matrix[i])
-            fresh[cid] = line
-            yield line
+
+        def chunk_items() -> Iterator[bytes]:
+            for i, (cid, row) in enumerate(state.chunks.items()):
+                item = cache.get(cid)
+                if item is None:
+                    item = _chunk_item(row, state.matrix[i])
+                fresh[cid] = item
+                yield item
+
+        yield from _section(b"chunks", chunk_items())
         self._lines = fresh
 
     # -- search --------------------------------------------------------------------
