@@ -45,10 +45,7 @@ CRASH_POINTS: dict[str, tuple[str, str]] = {
 """Per driver, a function its `write` calls part-way through; the tests make it raise."""
 
 
-KNOWN_GAPS: dict[tuple[str, str], str] = {
-    ("switch", "lancedb"): "LanceDBStore.open on another driver's store says 'not a haiku.rag "
-    "LanceDB store' without naming the owning driver or how to switch (delete and re-add)",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 """Conformance failures of other drivers, reported to their authors. Strict xfail: the
 marker must be removed (the test then passes) once the driver is fixed."""
 

@@ -598,6 +598,17 @@ def test_unchanged_chunks_are_not_reencoded(
     )
 
 
+def test_cache_is_not_trusted_after_another_writer(store: YamlStore, path: Path) -> None:
+    """Another process re-embedding the same chunks (same ids, new vectors) wins."""
+    document, chunks, _ = add(store, "file:///c.md", ["re-embedded later"], seed=13)
+    other = YamlStore.open(path)
+    other.write([document], chunks, np.full((1, DIM), 1 / np.sqrt(DIM), dtype=np.float32))
+    add(store, "file:///d.md", ["unrelated"], seed=14)  # reloads, then rewrites everything
+    reopened = YamlStore.open(path)
+    row = reopened._current().rows[chunks[0].id]
+    np.testing.assert_allclose(reopened._current().matrix[row], 1 / np.sqrt(DIM), rtol=1e-6)
+
+
 def test_search_indexes_follow_writes(store: YamlStore, path: Path) -> None:
     assert store.keyword_search("zeta", 3)  # builds the keyword index
     add(store, "file:///c.md", ["omega psi chi"], seed=9)
@@ -709,6 +720,19 @@ def test_hnsw_is_built_after_enough_exact_queries() -> None:
     assert [c for c, _ in index.search(queries[1], 5, small)] == [
         c for c, _ in reference.search(queries[1], 5, small)
     ]
+
+
+def test_without_hnswlib_search_stays_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hnswlib", None)
+    matrix = _unit_rows(50, 8, 8)
+    ids = [f"c{i:02d}" for i in range(50)]
+    index = VectorIndex(ids, ["g"] * 50, matrix, hnsw_min_rows=10, hnsw_after_queries=0)
+    expected = VectorIndex(ids, ["g"] * 50, matrix, hnsw_min_rows=10**9).search(matrix[1], 5)
+    assert index.search(matrix[1], 5) == expected
+    assert not index.uses_hnsw
+    assert index.search(matrix[1], 5) == expected  # and it does not try again
 
 
 def test_hnsw_filter_falling_short_uses_exact(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 from haiku.rag.errors import StoreError
@@ -44,6 +45,38 @@ def infer_driver(path: str | Path, driver: str | None = None) -> str:
     if text.startswith(_QDRANT_SCHEMES) or text.endswith(_QDRANT_ATTACH_SUFFIXES):
         return "qdrant"
     return _SUFFIXES.get(Path(str(path)).suffix.lower(), "lancedb")
+
+
+_DRIVER_MARK = re.compile(rb'"driver":\s*"(?P<name>[a-z]+)"')
+
+
+def sniff_driver(path: str | Path) -> str | None:
+    """Which driver owns what is at `path`, judged from its files; None when unknown.
+
+    Lets a driver that finds another one's store say so, and how to switch."""
+    root = Path(str(path)).expanduser()
+    if root.is_dir():
+        return "lancedb" if (root / "settings.lance").exists() else None
+    candidates = [root]
+    if root.suffix.lower() == ".duckdb":
+        candidates.insert(0, root.with_suffix(".yaml"))
+    for candidate in candidates:
+        try:
+            with candidate.open("rb") as file:
+                head = file.read(4096)
+        except OSError:
+            continue
+        if match := _DRIVER_MARK.search(head):
+            return match["name"].decode()
+    return "duckdb" if root.suffix.lower() == ".duckdb" and root.is_file() else None
+
+
+def wrong_driver_message(path: str | Path, owner: str, wanted: str) -> str:
+    return (
+        f"{path} is a {owner} store, not a {wanted} one: open it with driver={owner!r} "
+        f"(or by its path). To switch drivers, create a new store with driver={wanted!r} "
+        "and add the documents again"
+    )
 
 
 def driver_class(name: str) -> type[Store]:

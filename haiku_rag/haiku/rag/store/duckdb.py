@@ -95,7 +95,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from haiku.rag.documents import Chunk, Document
 from haiku.rag.errors import ReadOnlyError, StoreError, StoreNotFoundError
 from haiku.rag.store import _duckdb_ext, _tantivy
-from haiku.rag.store.base import Ranked, StoreFeatures, StoreSettings
+from haiku.rag.store.base import Ranked, StoreFeatures, StoreSettings, validate_write
 
 logger = logging.getLogger(__name__)
 
@@ -1051,36 +1051,10 @@ class DuckDBStore:
         self, documents: Sequence[Document], chunks: Sequence[Chunk], vectors: np.ndarray
     ) -> tuple[pa.Table, pa.Table]:
         """Check everything before touching disk, so a bad call changes nothing."""
+        matrix = validate_write(documents, chunks, vectors, self.settings, str(self.path))
+        dim = matrix.shape[1]
         doc_ids = [doc.id for doc in documents]
-        if len(set(doc_ids)) != len(doc_ids):
-            raise StoreError("write() got the same document twice; pass each document once")
         chunk_ids = [chunk.id for chunk in chunks]
-        if len(set(chunk_ids)) != len(chunk_ids):
-            raise StoreError("write() got the same chunk id twice; chunk ids must be unique")
-        known = set(doc_ids)
-        strays = sorted({c.document_id for c in chunks if c.document_id not in known})
-        if strays:
-            raise StoreError(
-                f"Chunks refer to documents not in this write ({', '.join(strays[:3])}); "
-                "write each document together with its chunks"
-            )
-        dim = self.settings.embedding_dim
-        matrix = np.asarray(vectors, dtype=np.float32)
-        if matrix.size == 0 and not chunks:
-            matrix = matrix.reshape(0, dim)
-        if matrix.ndim != 2 or matrix.shape[0] != len(chunks):
-            raise StoreError(
-                f"write() needs one vector per chunk: got {matrix.shape[0] if matrix.ndim else 0} "
-                f"vectors for {len(chunks)} chunks"
-            )
-        if matrix.shape[1] != dim:
-            raise StoreError(
-                f"Vectors have {matrix.shape[1]} dimensions but the store at {self.path} was "
-                f"built with {self.settings.embedding_model} ({dim}); embed with that model, "
-                "or rebuild the store"
-            )
-        if not np.isfinite(matrix).all():
-            raise StoreError("write() got vectors with NaN or infinite values; check the embedder")
         chunk_data = pa.table(
             {
                 "id": pa.array(chunk_ids, type=pa.string()),
