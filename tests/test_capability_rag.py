@@ -291,6 +291,31 @@ async def test_cite_resolves_ids_from_the_store(db: Path, cfg: AppConfig):
     assert citation_status(deps.state["rag"].evidence) == "grounded"
 
 
+async def test_cite_from_the_store_respects_the_document_filter(db: Path, cfg: AppConfig):
+    kb = await HaikuRAG(db, cfg, read_only=True).open()
+    try:
+        bread = kb.store.document_chunks(document_id_for("mem://cooking/bread.md"))[0]
+    finally:
+        kb.close()
+    script = Script(call("cite", chunk_ids=[bread.id]), text("giving up"))
+    deps = RAGDeps(state={"rag": RAGState(document_filter="*manuals*")})
+    await agent_for(script, create_capability(db, cfg)).run("Bread?", deps=deps)
+    retry = last_parts(script.seen[1])[0]
+    assert is_retry(retry) and f"Unknown chunk ids: {bread.id}" in str(retry.content)
+    assert deps.state["rag"].citations == []
+    assert citation_status(deps.state["rag"].evidence) == "missing"
+
+
+async def test_cite_out_of_retries_fails_without_ending_the_run(db: Path, cfg: AppConfig):
+    script = Script(*(call("cite", chunk_ids=["nope"]) for _ in range(5)), text("No sources."))
+    deps = RAGDeps()
+    result = await agent_for(script, create_capability(db, cfg)).run("x", deps=deps)
+    assert result.output == "No sources."
+    failed = last_parts(script.seen[3])[0]
+    assert "Or answer without citations" in str(failed.content)
+    assert citation_status(deps.state["rag"].evidence) == "missing"
+
+
 async def test_cite_before_any_search_with_a_bad_id_says_search_first(db: Path, cfg: AppConfig):
     def check(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         retry = last_parts(messages)[0]

@@ -89,3 +89,12 @@ def test_failed_documents_are_listed_and_exit_nonzero(cli, corpus: Path):
     result = cli("add", str(corpus))
     assert result.exit_code == 1
     assert "broken.md" in result.output and "1 failed" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["kb.lancedb", "kb.yaml", "kb.duckdb"])
+def test_a_typo_in_the_source_leaves_no_empty_store(cli, tmp_path: Path, name: str, monkeypatch):
+    db = tmp_path / "typo" / name
+    monkeypatch.setenv("HAIKU_RAG_DB", str(db))
+    result = cli("add", str(tmp_path / "no-such-folder"))
+    assert result.exit_code == 1 and "no-such-folder" in result.output
+    assert not db.exists() and not db.with_suffix(".yaml").exists()

@@ -143,7 +143,7 @@ async def test_reopen_and_info(db: Path, config: AppConfig, corpus: Path):
         assert info.embedding_model == "hash:v1" and info.embedding_dim == 256
         assert info.signals == ["vector", "bm25"]
         assert info.chunk_size == 2000 and info.chunk_overlap == 100
-        assert info.read_only
+        assert not info.read_only  # the driver can write, although this handle may not
 
 
 async def test_other_embedding_model_is_a_clear_error(db: Path, config: AppConfig, corpus):
@@ -255,3 +255,43 @@ async def test_read_only_refuses_writes_before_any_work(db: Path, config, corpus
             with pytest.raises(ReadOnlyError, match="opened read-only"):
                 await write
         assert (await kb.info()).documents == 5
+
+
+def test_unknown_store_suffix_is_a_clear_error(tmp_path: Path, config: AppConfig):
+    with pytest.raises(StoreError, match=r"Cannot tell the storage driver.*kb\.txt.*--driver"):
+        HaikuRAG(tmp_path / "kb.txt", config)
+    assert HaikuRAG(tmp_path / "kb", config).driver == "lancedb"
+    assert HaikuRAG(tmp_path / "kb.txt", config, driver="yaml").driver == "yaml"
+
+
+async def test_paths_filters_and_dates_behave_as_users_expect(
+    db: Path, config: AppConfig, corpus: Path, monkeypatch
+):
+    monkeypatch.chdir(corpus.parent)
+    async with HaikuRAG(db, config, create=True) as kb:
+        report = await kb.add(corpus / "cooking")  # a Path, not only a str
+        assert len(report.added) == 2
+        hits = await kb.search("water", filter="corpus/cooking/*.md")  # relative glob
+        assert [Path(h.document_uri).name for h in hits] == ["pasta.md"]
+
+        (corpus / "cooking" / "pasta.md").unlink()  # gone from disk, still found by path
+        assert await kb.get_document("corpus/cooking/pasta.md") is not None
+        assert await kb.delete_document("corpus/cooking/pasta.md")
+
+        first = await kb.add_text("one", uri="note:1")
+        second = await kb.add_text("two", uri="note:1")
+        assert second.created_at == first.created_at
+        assert (await kb.get_document("note:1")).created_at == first.created_at
+
+
+async def test_changed_chunking_setting_warns_instead_of_being_ignored(
+    db: Path, config: AppConfig, corpus: Path
+):
+    async with HaikuRAG(db, config, create=True) as kb:
+        await kb.add(str(corpus))
+    resized = config.model_copy(
+        update={"chunking": config.chunking.model_copy(update={"size": 300})}
+    )
+    with pytest.warns(UserWarning, match=r"chunking\.size is 300.*built with 2000.*new store"):
+        async with HaikuRAG(db, resized) as kb:
+            assert (await kb.info()).chunk_size == 2000

@@ -3,6 +3,8 @@
 The public API, re-exported; import from here rather than from submodules.
 """
 
+from haiku.rag.capabilities.ledger import citation_status
+from haiku.rag.capabilities.state import RAGDeps, RAGState
 from haiku.rag.client import HaikuRAG, StoreInfo
 from haiku.rag.config import AppConfig, load_config
 from haiku.rag.documents import Chunk, Citation, Document, SearchResult
@@ -20,6 +22,7 @@ from haiku.rag.errors import (
 )
 from haiku.rag.ingest import AddReport
 from haiku.rag.retrieval.extract import ChunkExtractor
+from haiku.rag.sources import SourceFailure
 
 __all__ = [
     "AddReport",
@@ -34,12 +37,16 @@ __all__ = [
     "ExtractionError",
     "HaikuRAG",
     "HaikuRAGError",
+    "RAGDeps",
+    "RAGState",
     "ReadOnlyError",
     "SearchResult",
     "SourceError",
+    "SourceFailure",
     "StoreError",
     "StoreInfo",
     "StoreNotFoundError",
     "ask_ephemeral",
+    "citation_status",
     "load_config",
 ]

@@ -168,6 +168,8 @@ class BarProgress:
         self._tasks: dict[str, TaskID] = {}
 
     def start(self, task: str, total: int) -> None:
+        if total == 0 and task not in self._tasks:
+            return  # nothing to do: no empty bar
         if task in self._tasks:
             self._progress.update(self._tasks[task], total=total, completed=0)
         else:
@@ -262,8 +264,11 @@ def search(
     signals = _signal_names(results)
     for result in results:
         source = result.document_title or result.document_uri
-        if result.headings:
-            source += "\n" + " > ".join(result.headings)
+        headings = list(result.headings)
+        if headings and headings[0] == result.document_title:
+            headings = headings[1:]  # the document's H1 is its title, already shown
+        if headings:
+            source += "\n" + " > ".join(headings)
         snippet = " ".join(result.content.split())
         ranks = [_signal_ranks(result, signals)] if explain else []
         table.add_row(
@@ -400,7 +405,7 @@ def delete(
 
 @app.command()
 def rebuild(ctx: typer.Context) -> None:
-    """Re-chunk and re-embed every document."""
+    """Re-chunk and re-embed every document (with the chunk size the store was created with)."""
 
     async def work() -> int:
         async with _client(ctx) as kb:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import importlib
 import os
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from haiku.rag.retrieval.hybrid import GRAPH_SIGNAL, HybridRetriever
 from haiku.rag.retrieval.rerank import Reranker, make_reranker
 from haiku.rag.retrieval.signals import default_signals
 from haiku.rag.sources import CommandPolicy, load_sources
-from haiku.rag.store import driver_class, infer_driver
+from haiku.rag.store import DRIVERS, driver_class, infer_driver
 from haiku.rag.store.base import Store, StoreSettings
 
 DB_ENV = "HAIKU_RAG_DB"
@@ -99,6 +101,7 @@ class StoreInfo:
     chunk_overlap: int
     signals: list[str]
     read_only: bool
+    """The driver cannot write at all (an attached collection), however it was opened."""
     config_file: str | None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -154,6 +157,8 @@ class HaikuRAG:
         self._embedder: EmbeddingService | None = None
         self._retriever: HybridRetriever | None = None
         self._lock = asyncio.Lock()
+        self._created = False
+        """This client created the store when it opened (so it may discard it, still empty)."""
         self.extractor: ChunkExtractor | None = ChunkExtractor.from_config(self.config.graph)
         """Extracts the knowledge graph from new chunks (graph.extractor_model); assign
         another ChunkExtractor to use a model object instead of a name."""
@@ -216,7 +221,9 @@ class HaikuRAG:
             if not self.create or self.read_only:
                 raise
             store = await self._create_store(cls)
+            self._created = True
         self._store = store
+        _warn_on_chunking_drift(self.config, store.settings, self.location)
         try:
             self._embedder = self._embedder_for(store.settings)
             self._graph = await asyncio.to_thread(load_graph, store)
@@ -369,7 +376,7 @@ class HaikuRAG:
 
     async def add(
         self,
-        *sources: str,
+        *sources: str | os.PathLike[str],
         prune: bool = True,
         progress: Progress | None = None,
         allow_commands: bool = False,
@@ -383,7 +390,11 @@ class HaikuRAG:
         """
         store = self._check_writable()
         commands = CommandPolicy.from_config(self.config, allow_commands=allow_commands)
-        batch = await load_sources(sources, commands=commands)
+        try:
+            batch = await load_sources([os.fspath(source) for source in sources], commands=commands)
+        except HaikuRAGError:
+            await self._discard_if_just_created()
+            raise
         async with self._lock:
             stored = await asyncio.to_thread(store.document_hashes)
             changes = plan_changes(
@@ -416,6 +427,16 @@ class HaikuRAG:
             chunks_embedded=embedded,
             chunks_extracted=graph.extracted,
         )
+
+    async def _discard_if_just_created(self) -> None:
+        """A typo in a source must not leave a new, empty store behind."""
+        if not self._created or await asyncio.to_thread(self.store.count_documents):
+            return
+        module_name = DRIVERS[self.driver].partition(":")[0]
+        delete_store = getattr(importlib.import_module(module_name), "delete_store", None)
+        self.close()
+        if delete_store is not None:
+            await asyncio.to_thread(delete_store, self.location)
 
     async def _keep_created_at(self, document: Document) -> Document:
         """A changed document is the same document: it keeps the date it was first added."""
@@ -452,6 +473,7 @@ class HaikuRAG:
             if (await asyncio.to_thread(store.document_hashes)).get(document.uri) != (
                 document.content_hash
             ):
+                document = await self._keep_created_at(document)
                 settings = store.settings
                 await write_documents(
                     store,
@@ -499,9 +521,8 @@ class HaikuRAG:
         """Look a document up by id, by uri, or by a file path that resolves to its uri."""
         store = self.store
         candidates = [id_or_uri, document_id_for(id_or_uri)]
-        path = Path(id_or_uri).expanduser()
-        if path.exists():
-            candidates.append(document_id_for(path.resolve().as_uri()))
+        if ":" not in id_or_uri:  # a path, even of a file deleted since it was added
+            candidates.append(document_id_for(Path(id_or_uri).expanduser().resolve().as_uri()))
         for candidate in candidates:
             document = await asyncio.to_thread(store.get_document, candidate)
             if document is not None:
@@ -561,7 +582,7 @@ class HaikuRAG:
             chunk_size=settings.chunk_size,
             chunk_overlap=settings.chunk_overlap,
             signals=signals,
-            read_only=self.read_only or store.read_only or not store.features.writable,
+            read_only=not store.features.writable,
             config_file=str(self.config.source_path) if self.config.source_path else None,
             extra=extra,
         )
@@ -591,8 +612,8 @@ class HaikuRAG:
         chosen = model if model is not None else self.config.qa.model
         if chosen is None:
             raise ConfigError(
-                "No chat model for `ask`: set qa.model in the config (e.g. 'openai:gpt-5') "
-                "or pass model=..."
+                "No chat model for `ask`: set qa.model in the config (e.g. 'openai:gpt-5'), "
+                "or pass one (--model on the command line, model= in Python)"
             )
         self.store  # noqa: B018 - the clear "not open" error before any model call
         if inject:
@@ -610,6 +631,24 @@ class HaikuRAG:
         return result.output, state.cited()
 
 
+def _warn_on_chunking_drift(config: AppConfig, settings: StoreSettings, location: str) -> None:
+    """Chunking is fixed when a store is created; say so rather than ignore a new setting."""
+    chunking = config.chunking
+    asked = {
+        "chunking.size": (chunking.size, settings.chunk_size),
+        "chunking.overlap": (chunking.overlap, settings.chunk_overlap),
+    }
+    for key, (wanted, stored) in asked.items():
+        if wanted is not None and wanted != stored and settings.chunk_size > 0:
+            warnings.warn(
+                f"{key} is {wanted} in the config but {location} was built with {stored}; "
+                "chunking is fixed when a store is created: add the documents to a new "
+                "store to use the new setting",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
 async def _count_or_unknown(count: Callable[[], int]) -> int | None:
     try:
         return await asyncio.to_thread(count)
@@ -618,8 +657,13 @@ async def _count_or_unknown(count: Callable[[], int]) -> int | None:
 
 
 def uri_matches(uri: str, pattern: str) -> bool:
-    """Case-insensitive glob match, or substring match when `pattern` has no wildcard."""
+    """Case-insensitive glob match, or substring match when `pattern` has no wildcard.
+
+    A glob without a scheme matches the end of the uri, so `docs/*.md` finds
+    `file:///home/me/docs/a.md` as a user would expect."""
     uri_l, pattern_l = uri.lower(), pattern.lower()
     if any(char in pattern for char in "*?["):
+        if "://" not in pattern_l and not pattern_l.startswith("*"):
+            pattern_l = "*" + pattern_l
         return fnmatch.fnmatchcase(uri_l, pattern_l)
     return pattern_l in uri_l

@@ -12,7 +12,21 @@ Importing this package is cheap; names are loaded from their modules on first us
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lazy names, typed for checkers and editors
+    from haiku.rag.capabilities.compaction import EvidenceCompaction as EvidenceCompaction
+    from haiku.rag.capabilities.context import ContextCapability as ContextCapability
+    from haiku.rag.capabilities.context import ContextState as ContextState
+    from haiku.rag.capabilities.ledger import CapabilityEvidenceRecord as CapabilityEvidenceRecord
+    from haiku.rag.capabilities.ledger import QuestionEvidence as QuestionEvidence
+    from haiku.rag.capabilities.ledger import citation_status as citation_status
+    from haiku.rag.capabilities.policy import CitationPolicy as CitationPolicy
+    from haiku.rag.capabilities.rag import RAGCapability as RAGCapability
+    from haiku.rag.capabilities.rag import create_capability as create_capability
+    from haiku.rag.capabilities.state import CodeExecutionEntry as CodeExecutionEntry
+    from haiku.rag.capabilities.state import RAGDeps as RAGDeps
+    from haiku.rag.capabilities.state import RAGState as RAGState
 
 _EXPORTS = {
     "RAGCapability": "rag",

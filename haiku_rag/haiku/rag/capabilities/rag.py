@@ -51,6 +51,8 @@ TOOL_KIND = "haiku_rag"
 """Metadata key on our tool definitions and tool returns; survives `prefix_tools`."""
 
 MAX_MOUNTED_DOCUMENTS = 200
+CITE_RETRIES = 2
+"""Retries a model gets to fix bad chunk ids before `cite` fails without ending the run."""
 """Documents mounted in the sandbox when no filter or sources narrow the question."""
 MAX_TOP_K = 20
 CITE_GRACE_REQUESTS = 2
@@ -198,7 +200,7 @@ async def _cite_signature(ctx: RunContext[Any], chunk_ids: list[str]) -> ToolRet
 def _prototype_toolset() -> FunctionToolset[Any]:
     """The tool definitions, built once per process: schemas cost milliseconds to generate,
     and they are the same for every run (which also keeps them byte-identical for caching)."""
-    toolset: FunctionToolset[Any] = FunctionToolset(max_retries=3)
+    toolset: FunctionToolset[Any] = FunctionToolset(max_retries=CITE_RETRIES + 1)
     for name, function, description in (
         ("search", _search_signature, SEARCH_DESCRIPTION),
         ("execute_code", _execute_code_signature, EXECUTE_CODE_DESCRIPTION),
@@ -496,10 +498,15 @@ class RAGCapability(AbstractCapability[Any]):
                     "Nothing was retrieved for this question yet: search first, or call "
                     "cite([]) if the knowledge base does not answer it."
                 )
-            raise ModelRetry(
+            message = (
                 f"Unknown chunk ids: {', '.join(unknown)}. Nothing was registered; call cite "
                 f"again with exact ids. {hint}"
             )
+            if ctx.retry >= CITE_RETRIES:
+                # Out of retries: a failed result the run survives (the question stays
+                # `missing`) instead of an exception that loses the whole answer.
+                raise ToolFailed(message + " Or answer without citations.")
+            raise ModelRetry(message)
         citations = [state.register_citation(result) for result in results]
         state.evidence.record_declared([result.chunk_id for result in results])
         lines = ["Registered citations:"]
@@ -581,7 +588,7 @@ class RAGCapability(AbstractCapability[Any]):
         known = state.retrieved_results()
         wanted = [(raw, normalize_chunk_id(raw)) for raw in raw_ids]
         missing = [cid for _, cid in wanted if cid not in known]
-        stored = await self._from_store(missing) if missing else {}
+        stored = await self._from_store(state, missing) if missing else {}
         resolved: dict[str, SearchResult] = {}
         unknown: list[str] = []
         for raw, cid in wanted:
@@ -594,13 +601,17 @@ class RAGCapability(AbstractCapability[Any]):
                 resolved.setdefault(result.chunk_id, result)
         return list(resolved.values()), unknown
 
-    async def _from_store(self, chunk_ids: list[str]) -> dict[str, SearchResult]:
-        """Chunks cited without being retrieved in this question (e.g. read from chunks.jsonl)."""
+    async def _from_store(self, state: RAGState, chunk_ids: list[str]) -> dict[str, SearchResult]:
+        """Chunks cited without being retrieved in this question (e.g. read from chunks.jsonl),
+        as long as they belong to documents the question may use."""
         kb = await self.client()
         store = kb.store
         chunks = await asyncio.to_thread(store.get_chunks, chunk_ids)
+        allowed = await self.allowed_document_ids(kb, state)
         found: dict[str, SearchResult] = {}
         for chunk in chunks:
+            if allowed is not None and chunk.document_id not in allowed:
+                continue
             document = await asyncio.to_thread(store.get_document, chunk.document_id)
             if document is None:
                 continue

@@ -35,7 +35,8 @@ _QDRANT_SCHEMES = ("qdrant:", "http:", "https:")
 
 def infer_driver(path: str | Path, driver: str | None = None) -> str:
     """The explicit `driver`, else the one the path names (its suffix, a Qdrant attach file
-    or collection URL), else lancedb."""
+    or collection URL), else lancedb for a path without a suffix; an unknown suffix is an
+    error rather than a surprise directory named `notes.txt`."""
     if driver is not None:
         if driver not in DRIVERS:
             known = ", ".join(sorted(DRIVERS))
@@ -44,7 +45,18 @@ def infer_driver(path: str | Path, driver: str | None = None) -> str:
     text = str(path).lower()
     if text.startswith(_QDRANT_SCHEMES) or text.endswith(_QDRANT_ATTACH_SUFFIXES):
         return "qdrant"
-    return _SUFFIXES.get(Path(str(path)).suffix.lower(), "lancedb")
+    suffix = Path(str(path)).suffix.lower()
+    if not suffix:
+        return "lancedb"
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
+    owner = sniff_driver(path)  # an existing store under an unusual name
+    if owner is not None:
+        return owner
+    raise StoreError(
+        f"Cannot tell the storage driver from the path {path}: name it .lancedb, .yaml or "
+        ".duckdb, or choose the driver (--driver on the command line, driver= in Python)"
+    )
 
 
 _DRIVER_MARK = re.compile(rb'"driver":\s*"(?P<name>[a-z]+)"')

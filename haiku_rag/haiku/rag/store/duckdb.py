@@ -277,8 +277,10 @@ def _parse_lines(text: str) -> dict[str, Any] | None:
 
 def _switch_error(file: Path, other: object) -> StoreError:
     return StoreError(
-        f"{file} belongs to a {other} store, not a {DRIVER} one: open it with "
-        f"driver={other!r}. {_SWITCH}"
+        f"{file} belongs to a {other} store, not a {DRIVER} one. A duckdb store "
+        f"{file.with_suffix('.duckdb').name} keeps its settings in {file.name}: pick another "
+        f"name for the duckdb store, or open the {other} store (driver={other!r}, "
+        f"--driver {other}). {_SWITCH}"
     )
 
 
