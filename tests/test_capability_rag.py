@@ -699,6 +699,19 @@ async def test_mounting_is_capped(db: Path, cfg: AppConfig, monkeypatch: pytest.
         chosen = await capability._mounted_documents(kb, RAGState(document_filter="cooking"))
     assert len(everything) == 1 and len(chosen) == 1
 
+    script = Script(
+        call("execute_code", code="print(1)"), call("execute_code", code="2"), text("x")
+    )
+    await agent_for(script, create_capability(db, cfg)).run("q", deps=RAGDeps())
+    first, second = last_return(script.seen[1]).content, last_return(script.seen[2]).content
+    assert first.startswith(f"Note: 1 of {len(DOCS)} documents are mounted") and "1" in first
+    assert "Note:" not in second  # said once
+
+    narrowed = Script(call("execute_code", code="1"), text("x"))
+    deps = RAGDeps(state={"rag": RAGState(document_filter="cooking")})
+    await agent_for(narrowed, create_capability(db, cfg)).run("q", deps=deps)
+    assert last_return(narrowed.seen[1]).content.startswith("Note: 1 of at least 2 documents")
+
 
 async def test_store_chunks_of_a_vanished_document_do_not_resolve(
     db: Path, cfg: AppConfig, monkeypatch: pytest.MonkeyPatch
@@ -707,4 +720,4 @@ async def test_store_chunks_of_a_vanished_document_do_not_resolve(
         chunk = kb.store.document_chunks(document_id_for("mem://cooking/pasta.md"))[0]
         monkeypatch.setattr(type(kb.store), "get_document", lambda self, document_id: None)
         capability = create_capability(rag=kb)
-        assert await capability._from_store([chunk.id]) == {}
+        assert await capability._from_store(RAGState(), [chunk.id]) == {}

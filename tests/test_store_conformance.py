@@ -299,6 +299,10 @@ def test_write_and_read_back(filled: tuple[Store, Path]) -> None:
     assert stored is not None
     assert stored.model_dump() == first.model_dump()
     assert store.get_document("nope") is None
+    batch = store.get_documents([documents[1].id, "nope", first.id, first.id])
+    assert sorted(d.id for d in batch) == sorted([documents[1].id, first.id])
+    assert {d.id: d.model_dump() for d in batch}[first.id] == first.model_dump()
+    assert store.get_documents([]) == []
     wanted = [chunks[4].id, "missing", chunks[0].id]
     assert [c.id for c in store.get_chunks(wanted)] == [chunks[4].id, chunks[0].id]
     assert store.get_chunks([]) == []

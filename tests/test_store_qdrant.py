@@ -556,6 +556,7 @@ def test_get_document_and_hashes(store: QdrantStore) -> None:
     document = store.get_document(document_id_for("cooking/pasta.md"))
     assert isinstance(document, Document) and document.content == POINTS[3][1]
     assert store.get_document("missing") is None
+    assert [d.id for d in store.get_documents(["missing", document.id])] == [document.id]
     assert store.document_chunks("missing") == []
     assert [c.id for c in store.document_chunks(document_id_for("docs/lancedb.md"))] == ["2", "1"]
     hashes = store.document_hashes()

@@ -265,6 +265,7 @@ class RAGCapability(AbstractCapability[Any]):
 
     _client: HaikuRAG | None = field(default=None, init=False, repr=False)
     _sandbox: Sandbox | None = field(default=None, init=False, repr=False)
+    _mount_note: str | None = field(default=None, init=False, repr=False)
     _fallback: RAGState | None = field(default=None, init=False, repr=False)
     _grace_steps: set[int] = field(default_factory=set, init=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
@@ -459,6 +460,9 @@ class RAGCapability(AbstractCapability[Any]):
             )
         )
         parts = []
+        if self._mount_note is not None:  # said once, with the first result
+            parts.append(self._mount_note)
+            self._mount_note = None
         if result.restarted:
             parts.append(
                 "Note: the sandbox was restarted after an earlier timeout or crash; variables "
@@ -558,7 +562,21 @@ class RAGCapability(AbstractCapability[Any]):
         kb = await self.client()
         async with self._lock:
             if self._sandbox is None:
-                documents = await self._mounted_documents(kb, self.rag_state(ctx))
+                state = self.rag_state(ctx)
+                allowed = await self.allowed_document_ids(kb, state)
+                documents = await mount_documents(kb, allowed)
+                if allowed is None:
+                    total = str(await asyncio.to_thread(kb.store.count_documents))
+                else:  # `allowed` holds candidate ids; only a full cap says more exist
+                    total = "at least " + str(len(documents) + 1)
+                    if len(documents) < MAX_MOUNTED_DOCUMENTS:
+                        total = str(len(documents))
+                if total != str(len(documents)):  # the cap cut the question's documents
+                    self._mount_note = (
+                        f"Note: {len(documents)} of {total} documents are mounted under "
+                        "/documents (narrow the question with document_filter or sources to "
+                        "mount others); await search() inside still covers all of them."
+                    )
                 self._sandbox = Sandbox(
                     documents, self._code_search(ctx, kb), self.app_config.sandbox
                 )

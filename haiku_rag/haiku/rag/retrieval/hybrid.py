@@ -172,10 +172,10 @@ class _Hydrator:
         chunks = await asyncio.to_thread(self.store.get_chunks, [hit.chunk_id for hit in hits])
         by_id = {chunk.id: chunk for chunk in chunks}
         missing = sorted({chunk.document_id for chunk in chunks} - self.documents.keys())
-        fetched = await asyncio.gather(
-            *(asyncio.to_thread(self.store.get_document, doc_id) for doc_id in missing)
-        )
-        self.documents.update(zip(missing, fetched, strict=True))
+        if missing:
+            fetched = await asyncio.to_thread(self.store.get_documents, missing)
+            self.documents.update(dict.fromkeys(missing))  # vanished ones stay None
+            self.documents.update((document.id, document) for document in fetched)
         results: list[SearchResult] = []
         for hit in hits:
             chunk = by_id.get(hit.chunk_id)

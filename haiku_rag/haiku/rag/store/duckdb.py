@@ -950,6 +950,12 @@ class DuckDBStore:
         ).fetchall()
         return {doc_id: (content, content_hash) for doc_id, content, content_hash in rows}
 
+    def get_documents(self, document_ids: Sequence[str]) -> list[Document]:
+        with self._reading() as reader:
+            wanted = [i for i in dict.fromkeys(document_ids) if i in self._sidecar.entries]
+            contents = self._contents(reader, wanted)
+            return [self._sidecar.entries[i].document(contents.get(i)) for i in wanted]
+
     def get_document(self, document_id: str) -> Document | None:
         with self._reading() as reader:
             entry = self._sidecar.entries.get(document_id)

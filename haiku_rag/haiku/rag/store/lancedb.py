@@ -416,6 +416,9 @@ class LanceDBStore:
             rows.extend(_rows(table, _isin("id", batch), _DOCUMENTS_SCHEMA.names))
         return [_document_from_row(row) for row in rows]
 
+    def get_documents(self, document_ids: Sequence[str]) -> list[Document]:
+        return self._documents_by_id(list(dict.fromkeys(document_ids)))
+
     def get_document(self, document_id: str) -> Document | None:
         rows = _rows(self._table("documents"), col("id") == document_id, _DOCUMENTS_SCHEMA.names)
         return _document_from_row(rows[0]) if rows else None

@@ -948,6 +948,10 @@ class QdrantStore:
         points = list(self._scroll(_filter([key])))
         return _document(points) if points else None
 
+    def get_documents(self, document_ids: Sequence[str]) -> list[Document]:
+        found = (self.get_document(document_id) for document_id in dict.fromkeys(document_ids))
+        return [document for document in found if document is not None]
+
     def get_document(self, document_id: str) -> Document | None:
         found = self._fetch_document(document_id)
         return found[0] if found else None

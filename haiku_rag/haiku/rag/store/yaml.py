@@ -655,6 +655,10 @@ class YamlStore:
         end = None if limit is None else offset + limit
         return [document.model_copy(deep=True) for document in documents[offset:end]]
 
+    def get_documents(self, document_ids: Sequence[str]) -> list[Document]:
+        found = (self.get_document(document_id) for document_id in dict.fromkeys(document_ids))
+        return [document for document in found if document is not None]
+
     def get_document(self, document_id: str) -> Document | None:
         document = self._current().documents.get(document_id)
         return None if document is None else document.model_copy(deep=True)
