@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from common import FixedQueries
 
 from haiku.rag.config import SearchConfig
 from haiku.rag.documents import Chunk, Document, chunk_id_for
@@ -54,16 +55,6 @@ WRITE_GROUP_DOCUMENTS = 64
 WRITABLE = ("lancedb", "yaml", "duckdb")
 SUFFIX = {"lancedb": ".lancedb", "yaml": ".yaml", "duckdb": ".duckdb"}
 VOCABULARY_SIZE = 4000
-
-
-class FixedQueries:
-    """An embedder stand-in returning precomputed query vectors."""
-
-    def __init__(self, vectors: dict[str, np.ndarray]) -> None:
-        self.vectors = vectors
-
-    async def embed_query(self, text: str) -> np.ndarray:
-        return self.vectors[text]
 
 
 @dataclass(frozen=True)

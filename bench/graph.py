@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import table
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -248,24 +249,6 @@ def score(rankings: Sequence[list[str]], relevant: Sequence[str]) -> Scores:
             ndcg += 1 / math.log2(position + 1)
     n = len(relevant) or 1
     return Scores(recall / n, mrr / n, ndcg / n)
-
-
-def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    def fmt(value: object) -> str:
-        if isinstance(value, float):
-            return f"{value:.3f}" if value < 100 else f"{value:,.0f}"
-        return str(value)
-
-    cells = [[str(c) for c in header]] + [[fmt(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [f"\n{title}", ""]
-    lines.append(
-        "| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"
-    )
-    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in cells[1:]:
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
-    return "\n".join(lines)
 
 
 # -- the runs --------------------------------------------------------------------------

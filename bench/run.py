@@ -16,34 +16,16 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from common import table
 from corpus import man_pages
 from quality import run_quality
 from speed import run_speed
-
-
-def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(c) for c in header]] + [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [f"\n{title}", ""]
-    lines.append(
-        "| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"
-    )
-    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in cells[1:]:
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
-    return "\n".join(lines)
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}" if value < 100 else f"{value:,.0f}"
-    return str(value)
 
 
 async def quality_suite(quick: bool) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from common import FixedQueries
 from corpus import KnownItem
 
 from haiku.rag.config import SearchConfig
@@ -29,16 +30,6 @@ from haiku.rag.store.lancedb import LanceDBStore
 DIM = 384
 CHUNKS_PER_DOCUMENT = 10
 WRITE_GROUP = 640  # chunks per Store.write, as ingest writes 64 documents at a time
-
-
-class FixedQueries:
-    """An embedder stand-in that returns precomputed query vectors."""
-
-    def __init__(self, vectors: dict[str, np.ndarray]) -> None:
-        self.vectors = vectors
-
-    async def embed_query(self, text: str) -> np.ndarray:
-        return self.vectors[text]
 
 
 @dataclass(frozen=True)

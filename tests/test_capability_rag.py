@@ -718,6 +718,6 @@ async def test_store_chunks_of_a_vanished_document_do_not_resolve(
 ):
     async with HaikuRAG(db, cfg, read_only=True) as kb:
         chunk = kb.store.document_chunks(document_id_for("mem://cooking/pasta.md"))[0]
-        monkeypatch.setattr(type(kb.store), "get_document", lambda self, document_id: None)
+        monkeypatch.setattr(type(kb.store), "get_documents", lambda self, document_ids: [])
         capability = create_capability(rag=kb)
         assert await capability._from_store(RAGState(), [chunk.id]) == {}

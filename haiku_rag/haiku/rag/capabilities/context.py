@@ -51,8 +51,9 @@ from pydantic import BaseModel, Field
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelRequest, UserPromptPart
-from pydantic_ai.toolsets import FunctionToolset, ToolsetTool, WrapperToolset
+from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
 
+from haiku.rag.capabilities._toolset import RunScopedToolset
 from haiku.rag.capabilities.rag import MAX_TOP_K, TOOL_KIND
 from haiku.rag.capabilities.state import prompt_text, state_container
 from haiku.rag.client import HaikuRAG, resolve_db_path
@@ -140,22 +141,10 @@ def _prototype_toolset() -> FunctionToolset[Any]:
 
 
 @dataclass
-class _ContextToolset(WrapperToolset[Any]):
-    """One run's view of the shared tool; leaving it releases the run's client (the agent
-    exits its toolsets around every run, also on errors and cancellation)."""
+class _ContextToolset(RunScopedToolset):
+    """One run's view of the shared tool; leaving it releases the run's client."""
 
     owner: ContextCapability | None = None
-    _entered: int = field(default=0, init=False)
-
-    async def __aenter__(self) -> _ContextToolset:
-        self._entered += 1
-        return self
-
-    async def __aexit__(self, *args: Any) -> bool | None:
-        self._entered -= 1
-        if self._entered <= 0 and self.owner is not None:
-            await self.owner.release()
-        return None
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]

@@ -34,8 +34,9 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ModelRetry, ToolFailed
 from pydantic_ai.messages import ModelRequest, ToolReturn, UserPromptPart
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import FunctionToolset, ToolsetTool, WrapperToolset
+from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
 
+from haiku.rag.capabilities._toolset import RunScopedToolset
 from haiku.rag.capabilities.state import CodeExecutionEntry, RAGState, load_state, prompt_text
 from haiku.rag.client import HaikuRAG, resolve_db_path
 from haiku.rag.config import AppConfig, load_config
@@ -213,27 +214,11 @@ def _prototype_toolset() -> FunctionToolset[Any]:
 
 
 @dataclass
-class _RAGToolset(WrapperToolset[Any]):
-    """One run's view of the shared tools: calls go to that run's capability, and leaving
-    the toolset releases the run's client and sandbox.
-
-    The agent enters and exits its toolsets around every run, whatever happens in it
-    (errors, cancellation, or a deferred capability that `wrap_run` never wraps), so
-    this is the one place cleanup cannot be skipped.
-    """
+class _RAGToolset(RunScopedToolset):
+    """One run's view of the shared tools: calls go to that run's capability; leaving the
+    toolset releases the run's client and sandbox (see `_toolset`)."""
 
     owner: RAGCapability | None = None
-    _entered: int = field(default=0, init=False)
-
-    async def __aenter__(self) -> _RAGToolset:
-        self._entered += 1
-        return self
-
-    async def __aexit__(self, *args: Any) -> bool | None:
-        self._entered -= 1
-        if self._entered <= 0 and self.owner is not None:
-            await self.owner.release()
-        return None
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
@@ -626,11 +611,16 @@ class RAGCapability(AbstractCapability[Any]):
         store = kb.store
         chunks = await asyncio.to_thread(store.get_chunks, chunk_ids)
         allowed = await self.allowed_document_ids(kb, state)
+        chunks = [c for c in chunks if allowed is None or c.document_id in allowed]
+        documents = {
+            document.id: document
+            for document in await asyncio.to_thread(
+                store.get_documents, [chunk.document_id for chunk in chunks]
+            )
+        }
         found: dict[str, SearchResult] = {}
         for chunk in chunks:
-            if allowed is not None and chunk.document_id not in allowed:
-                continue
-            document = await asyncio.to_thread(store.get_document, chunk.document_id)
+            document = documents.get(chunk.document_id)
             if document is None:
                 continue
             found[chunk.id] = SearchResult(
@@ -656,13 +646,17 @@ async def mount_documents(kb: HaikuRAG, allowed: set[str] | None) -> list[Mounte
     if allowed is None:
         documents = await kb.list_documents(limit=MAX_MOUNTED_DOCUMENTS)
     else:
+        # The first MAX_MOUNTED_DOCUMENTS that exist, by id; fetched a page at a time
+        # (`allowed` holds candidate ids, and may be large).
+        ordered = sorted(allowed)
         documents = []
-        for document_id in sorted(allowed):
-            document = await asyncio.to_thread(store.get_document, document_id)
-            if document is not None:
-                documents.append(document)
+        for start in range(0, len(ordered), MAX_MOUNTED_DOCUMENTS):
+            page = ordered[start : start + MAX_MOUNTED_DOCUMENTS]
+            fetched = await asyncio.to_thread(store.get_documents, page)
+            documents.extend(sorted(fetched, key=lambda document: document.id))
             if len(documents) >= MAX_MOUNTED_DOCUMENTS:
                 break
+        documents = documents[:MAX_MOUNTED_DOCUMENTS]
     mounted = []
     for document in documents:
         chunks = await asyncio.to_thread(store.document_chunks, document.id)

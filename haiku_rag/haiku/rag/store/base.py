@@ -163,3 +163,17 @@ def validate_write(
     if not np.isfinite(matrix).all():
         raise StoreError("write() got vectors with NaN or infinite values; check the embedder")
     return matrix
+
+
+def validate_query_vector(vector: np.ndarray, settings: StoreSettings, path: str) -> np.ndarray:
+    """The query as a flat float32 vector of the store's dimension; a vector from another
+    model is an error naming the model to embed queries with."""
+    query = np.asarray(vector, dtype=np.float32).reshape(-1)
+    dim = settings.embedding_dim
+    if query.shape[0] != dim:
+        raise StoreError(
+            f"Query vector has {query.shape[0]} dimensions but the store at {path} "
+            f"holds {dim}-dimensional vectors ({settings.embedding_model}); embed "
+            "queries with that model"
+        )
+    return query

@@ -95,7 +95,13 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from haiku.rag.documents import Chunk, Document
 from haiku.rag.errors import ReadOnlyError, StoreError, StoreNotFoundError
 from haiku.rag.store import _duckdb_ext, _tantivy
-from haiku.rag.store.base import Ranked, StoreFeatures, StoreSettings, validate_write
+from haiku.rag.store.base import (
+    Ranked,
+    StoreFeatures,
+    StoreSettings,
+    validate_query_vector,
+    validate_write,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -1115,14 +1121,7 @@ class DuckDBStore:
     ) -> Ranked:
         """Cosine similarity, best first. Unfiltered queries use the HNSW index when the
         store has one; filtered ones scan the filtered rows, so they are exact."""
-        query = np.asarray(vector, dtype=np.float32).reshape(-1)
-        dim = self.settings.embedding_dim
-        if query.shape[0] != dim:
-            raise StoreError(
-                f"Query vector has {query.shape[0]} dimensions but the store at {self.path} "
-                f"holds {dim}-dimensional vectors ({self.settings.embedding_model}); embed "
-                "queries with that model"
-            )
+        query = validate_query_vector(vector, self.settings, str(self.path))
         if limit <= 0 or (document_ids is not None and not document_ids):
             return []
         with self._reading() as reader:

@@ -53,7 +53,13 @@ from pydantic import ValidationError
 from haiku.rag.documents import Chunk, Document
 from haiku.rag.errors import ReadOnlyError, StoreError, StoreNotFoundError
 from haiku.rag.store import sniff_driver, wrong_driver_message
-from haiku.rag.store.base import Ranked, StoreFeatures, StoreSettings, validate_write
+from haiku.rag.store.base import (
+    Ranked,
+    StoreFeatures,
+    StoreSettings,
+    validate_query_vector,
+    validate_write,
+)
 
 try:
     import fcntl
@@ -577,13 +583,7 @@ class LanceDBStore:
         self, vector: np.ndarray, limit: int, document_ids: Collection[str] | None = None
     ) -> Ranked:
         """Cosine kNN, exact below the ANN threshold; scores are cosine similarity."""
-        query = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if query.shape[0] != self._settings.embedding_dim:
-            raise StoreError(
-                f"Query vector has {query.shape[0]} dimensions but the store at {self.path} "
-                f"holds {self._settings.embedding_dim}-dimensional vectors "
-                f"({self._settings.embedding_model}); embed queries with that model"
-            )
+        query = validate_query_vector(vector, self._settings, str(self.path))
         table = self._table("chunks")
         if limit <= 0 or (document_ids is not None and not document_ids):
             return []

@@ -80,7 +80,13 @@ from haiku.rag.documents import Chunk, Document
 from haiku.rag.errors import ReadOnlyError, StoreError, StoreNotFoundError
 from haiku.rag.store._tantivy import KeywordIndex
 from haiku.rag.store._vectors import VectorIndex
-from haiku.rag.store.base import Ranked, StoreFeatures, StoreSettings, validate_write
+from haiku.rag.store.base import (
+    Ranked,
+    StoreFeatures,
+    StoreSettings,
+    validate_query_vector,
+    validate_write,
+)
 
 try:
     import fcntl
@@ -928,14 +934,7 @@ class YamlStore:
     ) -> Ranked:
         """Cosine kNN (exact, or HNSW once it pays off); scores are cosine similarity."""
         state = self._current()
-        query = np.asarray(vector, dtype=np.float32).reshape(-1)
-        dim = state.settings.embedding_dim
-        if query.shape[0] != dim:
-            raise StoreError(
-                f"Query vector has {query.shape[0]} dimensions but the store at {self.path} "
-                f"holds {dim}-dimensional vectors ({state.settings.embedding_model}); "
-                "embed queries with that model"
-            )
+        query = validate_query_vector(vector, state.settings, str(self.path))
         if limit <= 0 or (document_ids is not None and not document_ids):
             return []
         return self._vector_index(state).search(query, limit, document_ids)
